@@ -1,0 +1,1 @@
+"""Entry points: ``python -m experiments.<name>`` (cleanup, bench, …)."""

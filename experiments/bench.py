@@ -1,0 +1,35 @@
+"""Benchmarks: ``python -m experiments.bench {envs,llm} [options]``.
+
+Each benchmark times its subject next to a baseline measured in the same process and prints a
+table (and JSON with ``--out``). Figures that go into BENCHMARKS.md come from these commands.
+
+* ``envs``: environment steps per second per game at 1, 64, 1024, 4096 parallel environments under a
+  uniform-random policy, with JaxMARL's own OvercookedV2 (Asymmetric Advantages) as the baseline.
+* ``llm``: prefill and decision throughput of the frozen LLM (see ``experiments/bench_llm.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+_BENCHES = {
+    "envs": "experiments.bench_envs",
+    "llm": "experiments.bench_llm",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        print(f"usage: python -m experiments.bench {{{','.join(_BENCHES)}}} [options]")
+        return
+    name, rest = argv[0], argv[1:]
+    if name not in _BENCHES:
+        raise SystemExit(f"unknown benchmark {name!r}; valid: {', '.join(_BENCHES)}")
+    importlib.import_module(_BENCHES[name]).main(rest)
+
+
+if __name__ == "__main__":
+    main()

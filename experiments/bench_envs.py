@@ -1,0 +1,164 @@
+"""``python -m experiments.bench envs``: environment steps per second, with a same-run baseline.
+
+For each game and each batch size, one jitted program runs ``steps`` environment steps of ``n_envs``
+vmapped environments under a uniform-random policy (``lax.scan``; the final observations and the
+summed rewards are returned so nothing is dead-code-eliminated). Compile time is excluded (one warm-up
+call); each figure is the mean ± std over ``reps`` timed calls, each ended by ``block_until_ready``.
+An environment step is one joint action of all agents of one environment.
+
+Baseline, timed in the same process: JaxMARL 0.2.0's own ``OvercookedV2`` on ``asymm_advantages``
+with the same settings the ``overcooked_aa`` port uses (``start_cooking_interaction=True``, 400 steps)
+and the same random policy. Issue #2's targets: Cleanup >= 100,000 steps/s at 1024 envs on the
+2-core CPU; the Overcooked ports >= 0.8x the baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tyro
+
+import envs_jax
+
+BASELINE = "jaxmarl_overcooked_v2_aa"
+
+
+@dataclasses.dataclass
+class Args:
+    """Options of the environment benchmark."""
+
+    games: tuple[str, ...] = envs_jax.GAMES
+    """Games to time (names as in ``envs_jax.make``)."""
+    n_envs: tuple[int, ...] = (1, 64, 1024, 4096)
+    """Numbers of parallel environments."""
+    steps: int = 100
+    """Environment steps per timed call (the scan length)."""
+    reps: int = 5
+    """Timed calls per configuration."""
+    baseline: bool = True
+    """Also time bare JaxMARL OvercookedV2 (Asymmetric Advantages)."""
+    out: Path | None = None
+    """Optional JSON file for the results."""
+    seed: int = 0
+    """PRNG seed."""
+
+
+def make_random_rollout(env, n_envs: int, steps: int):
+    """Returns a jitted ``run(key) -> (obs, reward_sum)`` of ``steps`` random joint steps on ``n_envs`` envs.
+
+    Args:
+        env: a JaxMARL ``MultiAgentEnv``.
+        n_envs: batch size (static).
+        steps: scan length (static).
+    """
+    agents = list(env.agents)
+    n_actions = jnp.array([env.action_space(a).n for a in agents], dtype=jnp.int32)
+
+    def run(key):
+        key, k0 = jax.random.split(key)
+        obs, state = jax.vmap(env.reset)(jax.random.split(k0, n_envs))
+
+        def body(carry, key_t):
+            obs, state, total = carry
+            k_act, k_env = jax.random.split(key_t)
+            u = jax.random.uniform(k_act, (n_envs, len(agents)))
+            acts = (u * n_actions).astype(jnp.int32)
+            actions = {a: acts[:, i] for i, a in enumerate(agents)}
+            obs, state, rew, _, _ = jax.vmap(env.step)(jax.random.split(k_env, n_envs), state, actions)
+            total = total + sum(rew[a].astype(jnp.float32).sum() for a in agents)
+            return (obs, state, total), None
+
+        (obs, _, total), _ = jax.lax.scan(body, (obs, state, jnp.float32(0)), jax.random.split(key, steps))
+        return obs, total
+
+    return jax.jit(run)
+
+
+def time_env(env, n_envs: int, steps: int, reps: int, seed: int) -> dict:
+    """Times ``make_random_rollout``; returns steps/s mean and std (env steps = n_envs * steps per call)."""
+    run = make_random_rollout(env, n_envs, steps)
+    key = jax.random.PRNGKey(seed)
+    t0 = time.perf_counter()
+    jax.block_until_ready(run(key))
+    compile_s = time.perf_counter() - t0
+    rates = []
+    for r in range(reps):
+        k = jax.random.fold_in(key, r + 1)
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(k))
+        rates.append(n_envs * steps / (time.perf_counter() - t0))
+    return {
+        "n_envs": n_envs,
+        "steps_per_s_mean": float(np.mean(rates)),
+        "steps_per_s_std": float(np.std(rates, ddof=1)) if reps > 1 else 0.0,
+        "first_call_s": compile_s,
+    }
+
+
+def _baseline_env():
+    from jaxmarl.environments.overcooked_v2 import OvercookedV2
+
+    return OvercookedV2(layout="asymm_advantages", max_steps=400, start_cooking_interaction=True)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = tyro.cli(Args, args=argv)
+    for g in args.games:
+        if g not in envs_jax.GAMES:
+            raise SystemExit(f"unknown game {g!r}; valid: {', '.join(envs_jax.GAMES)}")
+    meta = {
+        "commit": _commit(),
+        "device": str(jax.devices()[0]),
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "steps_per_call": args.steps,
+        "reps": args.reps,
+        "seed": args.seed,
+    }
+    print(f"# envs benchmark  {meta}")
+    subjects = [(g, lambda g=g: envs_jax.make(g)) for g in args.games]
+    if args.baseline:
+        subjects.append((BASELINE, _baseline_env))
+    results: dict[str, list[dict]] = {}
+    t_start = time.perf_counter()
+    for name, factory in subjects:
+        env = factory()
+        results[name] = []
+        for n in args.n_envs:
+            row = time_env(env, n, args.steps, args.reps, args.seed)
+            results[name].append(row)
+            print(f"{name:28s} n_envs={n:5d}  {row['steps_per_s_mean']:>12,.0f} ± {row['steps_per_s_std']:>9,.0f} "
+                  f"steps/s   (first call {row['first_call_s']:.1f} s)", flush=True)
+    if args.baseline:
+        base = {r["n_envs"]: r["steps_per_s_mean"] for r in results[BASELINE]}
+        print("\n# ratio to bare JaxMARL OvercookedV2 (AA), same policy, same run")
+        for name in args.games:
+            ratios = "  ".join(f"{r['n_envs']}: {r['steps_per_s_mean'] / base[r['n_envs']]:.2f}x"
+                               for r in results[name])
+            print(f"{name:28s} {ratios}")
+    meta["wall_s"] = time.perf_counter() - t_start
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

