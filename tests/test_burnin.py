@@ -1,0 +1,76 @@
+"""Stage-2 burn-in on AA: records, plausible guards (incl. §5.1's start_cooking guards), the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+
+import envs_jax
+from experiments import burnin as cli
+from jaxopt_marl import burnin
+from jaxopt_marl.options import get_library
+from jaxopt_marl.records import read_records
+
+
+@pytest.fixture(scope="module")
+def result():
+    env = envs_jax.make("overcooked_aa")
+    lib = get_library("overcooked_aa", env)
+    return lib, burnin.run_burnin(lib, env, 20, 20, seed=0, chunk=40)
+
+
+def guard_set(guards):
+    return {(g.opt, g.channel, tuple(g.when)) for g in guards}
+
+
+def test_records_shape_and_solo(result):
+    lib, res = result
+    c = res.codes
+    assert res.episodes == 40 and res.decisions == c.num_records > 2000
+    assert set(np.unique(c.ep[c.solo])) <= set(range(20))
+    # solo episodes: only the acting agent (ep % 2) has records
+    assert (c.aid[c.solo] == c.ep[c.solo] % 2).all()
+    assert (c.step >= 0).all() and (c.step < 400).all()
+    table = burnin.to_table(lib, c)
+    assert table.num_rows == c.num_records
+
+
+def test_plausible_guards(result):
+    lib, res = result
+    gs = guard_set(burnin.synthesize(lib, res.codes))
+    assert ("start_cooking", "inferred", (("tgt_pot_state", "empty"),)) in gs
+    assert ("start_cooking", "inferred", (("held", "dish"),)) in gs
+    assert ("pick_onion", "inferred", (("held", "onion"),)) in gs  # Defect 1 repaired
+    assert ("deliver", "explicit", (("__reason__", "NoPath"),)) in gs
+    assert ("drop_held", "explicit", (("__reason__", "NothingHeld"),)) in gs
+    # certificate: no guard hides pick_onion with empty hands, nor drop_held while holding an onion
+    assert ("pick_onion", "inferred", (("held", "nothing"),)) not in gs
+    assert ("drop_held", "inferred", (("held", "onion"),)) not in gs
+
+
+def test_defect1_absolute_form_vetoes_the_guard():
+    env = envs_jax.make("overcooked_aa", max_steps=200)
+    lib = get_library("overcooked_aa", env, effects="naive")
+    res = burnin.run_burnin(lib, env, 10, 10, seed=0, chunk=20)
+    gs = guard_set(burnin.synthesize(lib, res.codes))
+    assert ("pick_onion", "inferred", (("held", "onion"),)) not in gs
+
+
+def test_cli_writes_outputs(tmp_path):
+    out = tmp_path / "bi"
+    summary = cli.main(cli.Args(game="overcooked_fc", episodes=2, out=out, steps=60, chunk=4))
+    assert (out / "records.parquet").exists() and (out / "guards.jsonl").exists()
+    meta = json.loads((out / "burnin.json").read_text())
+    assert meta["episodes"] == 4 and meta["decisions"] == summary["decisions"] > 0
+    assert set(meta["guards_per_option"]) == set(get_library("overcooked_fc").option_names)
+    assert read_records(out / "records.parquet").num_rows == meta["decisions"]
+
+
+def test_cli_rejects_unknown_and_unavailable_games(tmp_path):
+    with pytest.raises(SystemExit, match="unknown game"):
+        cli.Args(game="chess", episodes=1, out=tmp_path)
+    from jaxopt_marl import options
+
+    if not options.available("cleanup"):
+        with pytest.raises(SystemExit, match="not available yet"):
+            cli.main(cli.Args(game="cleanup", episodes=1, out=tmp_path))
