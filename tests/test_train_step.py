@@ -1,0 +1,304 @@
+"""The jitted PA-MAGRPO update on tiny random decoders: exact first-step ratio / KL, per-agent isolation
+and clipping, shared adapter, 8-device mesh parity, and a tiny task that the update learns."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxopt_marl import magrpo
+from jaxopt_marl import train_step as ts
+from lora import Decoder, LoRAConfig, ModelConfig, split_model
+from lora import sampling
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 64
+
+
+def _model(n_adapters, seed=0):
+    return Decoder(ModelConfig.tiny(vocab_size=VOCAB), LoRAConfig(num_adapters=n_adapters, rank=4,
+                                                                   alpha=8.0), rngs=nnx.Rngs(seed))
+
+
+def _random_batch(agent_ids, advantages, seed=0, pad_to_multiple=8):
+    rng = np.random.RandomState(seed)
+    d = len(agent_ids)
+    prompts = [list(rng.randint(1, VOCAB, rng.randint(3, 7))) for _ in range(d)]
+    responses = [list(rng.randint(1, VOCAB, rng.randint(1, 4))) for _ in range(d)]
+    return ts.pack_decisions(prompts, responses, agent_ids, advantages, prompt_len=6,
+                             response_len=3, pad_to_multiple=pad_to_multiple)
+
+
+def _slice(adapters, agent):
+    """Every adapter leaf's slice of one agent, as NumPy (agent axis third from the end)."""
+    return [np.take(np.asarray(x), agent, axis=x.ndim - 3) for x in jax.tree.leaves(adapters)]
+
+
+def _randomise_b(adapters, seed=3):
+    """Non-zero B so adapters change outputs (a 'later round')."""
+    leaves, treedef = jax.tree.flatten(adapters)
+    key = jax.random.key(seed)
+    out = []
+    for leaf in leaves:
+        key, sub = jax.random.split(key)
+        out.append(leaf + 0.05 * jax.random.normal(sub, leaf.shape))
+    return jax.tree.unflatten(treedef, out)
+
+
+@pytest.fixture(scope="module")
+def three_agents():
+    """A 3-adapter model and its AdamW train step on one CPU device."""
+    graphdef, adapters, base = split_model(_model(3))
+    cfg = magrpo.MAGRPOConfig.smoke(kl_beta=0.1)
+    step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3)
+    return step, graphdef, adapters, base
+
+
+def test_pack_decisions_layout():
+    b = ts.pack_decisions([[5, 6], [7]], [[9], [10, 11]], [1, 0], [0.5, -0.5], prompt_len=3,
+                          response_len=2, pad_to_multiple=4)
+    np.testing.assert_array_equal(b.tokens, [[0, 5, 6, 9, 0], [0, 0, 7, 10, 11], [0] * 5, [0] * 5])
+    np.testing.assert_array_equal(b.attention_mask[:2], [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]])
+    np.testing.assert_array_equal(b.response_mask[:2], [[0, 0, 0, 1, 0], [0, 0, 0, 1, 1]])
+    np.testing.assert_array_equal(b.valid, [1, 1, 0, 0])
+    np.testing.assert_array_equal(b.agent_ids, [1, 0, 0, 0])
+    assert b.response_len == 2 and b.num_decisions == 4
+    with pytest.raises(ValueError, match="exceeds"):
+        ts.pack_decisions([[1, 2, 3]], [[4]], [0], [0.0], prompt_len=2)
+
+
+def test_score_matches_eager_continuation_logprobs(three_agents):
+    step, graphdef, adapters, base = three_agents
+    adapters = _randomise_b(adapters)
+    batch = _random_batch([0, 1, 2, 1, 0, 2], [1.0] * 6)
+    got = step.score(base, adapters, batch, jnp.asarray(batch.agent_ids))
+    model = nnx.merge(graphdef, adapters, base)
+    tr = batch.response_len
+    ref = sampling.continuation_logprobs(
+        model, batch.tokens[:, :-tr], batch.attention_mask[:, :-tr], batch.tokens[:, -tr:],
+        batch.response_mask[:, -tr:], agent_ids=jnp.asarray(batch.agent_ids)).sum(1)
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+
+
+def test_ratio_exactly_one_and_kl_exactly_zero_at_init(three_agents):
+    step, graphdef, adapters, base = three_agents
+    batch = _random_batch([0, 1, 2, 0, 1, 2, 0], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, 1.0])
+    batch = step.prepare(base, adapters, batch)
+    # Fresh adapters (B = 0) are the reference policy bit for bit, through the real scoring path.
+    np.testing.assert_array_equal(batch.logp_old, batch.logp_ref)
+    opt = ts.init_opt_state(step, adapters)
+    new, _, m = step.update(base, adapters, opt, batch, jax.random.key(0))
+    # Step 0 (= the whole first epoch with one minibatch): rho == 1 and KL == 0 exactly.
+    np.testing.assert_array_equal(m["ratio_min"][0], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(m["ratio_max"][0], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(m["kl"][0], [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(m["clip_frac"][0], [0.0, 0.0, 0.0])
+    # The second epoch is off-policy: ratios move and the KL is positive.
+    assert np.all(np.asarray(m["ratio_max"][1]) - np.asarray(m["ratio_min"][1]) > 0)
+    assert np.all(np.asarray(m["kl"][1]) > 0)
+    # A later round: new theta_old, rescored -> rho == 1 again at its first step, KL now > 0.
+    batch2 = step.prepare(base, new, batch)
+    _, _, m2 = step.update(base, new, ts.init_opt_state(step, new), batch2, jax.random.key(1))
+    np.testing.assert_array_equal(m2["ratio_min"][0], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(m2["ratio_max"][0], [1.0, 1.0, 1.0])
+    assert np.all(np.asarray(m2["kl"][0]) > 0)
+
+
+def test_update_on_one_agent_leaves_other_adapters_bit_identical(three_agents):
+    step, graphdef, adapters, base = three_agents
+    opt = ts.init_opt_state(step, adapters)
+    # Round 1 trains every agent, so each has non-zero Adam moments afterwards.
+    b1 = step.prepare(base, adapters, _random_batch([0, 1, 2, 0, 1, 2], [1, -1, 1, -1, 1, -1]))
+    adapters, opt, _ = step.update(base, adapters, opt, b1, jax.random.key(0))
+    # Round 2 holds only agent 1's decisions: agents 0 and 2 must not move (not even by momentum).
+    b2 = step.prepare(base, adapters, _random_batch([1, 1, 1, 1], [1.0, -1.0, 0.5, -0.5], seed=1))
+    new, new_opt, m = step.update(base, adapters, opt, b2, jax.random.key(1))
+    for agent in (0, 2):
+        for a, b in zip(_slice(adapters, agent), _slice(new, agent)):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(_slice(opt[1][0].mu, agent), _slice(new_opt[1][0].mu, agent)):
+            np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(_slice(adapters, 1), _slice(new, 1)))
+    np.testing.assert_array_equal(m["updated"], [[0, 1, 0]] * 2)
+
+
+def test_clip_by_agent_global_norm_transform():
+    g = {"a": jnp.stack([jnp.full((2, 3, 4), 10.0), jnp.full((2, 3, 4), 0.01)], axis=1)[None],
+         "b": jnp.stack([jnp.full((2, 4, 5), 10.0), jnp.full((2, 4, 5), 0.01)], axis=1)[None]}
+    # Leaves are [1, 2(layers), N=2, in, out]: the agent axis is third from the end.
+    g = jax.tree.map(lambda x: x[0], g)
+    norms = np.asarray(ts.agent_global_norms(g))
+    np.testing.assert_allclose(norms, [10 * np.sqrt(64), 0.01 * np.sqrt(64)], rtol=1e-6)
+    clipped, _ = ts.clip_by_agent_global_norm(1.0).update(g, optax.EmptyState())
+    np.testing.assert_allclose(ts.agent_global_norms(clipped), [1.0, norms[1]], rtol=1e-6)
+    for leaf, orig in zip(jax.tree.leaves(clipped), jax.tree.leaves(g)):
+        np.testing.assert_array_equal(leaf[:, 1], orig[:, 1])  # agent 1 untouched, bit for bit
+    # Global clipping would have shrunk agent 1 by the same factor as agent 0.
+    glob, _ = optax.clip_by_global_norm(1.0).update(g, optax.clip_by_global_norm(1.0).init(g))
+    assert np.asarray(ts.agent_global_norms(glob))[1] < 0.1 * norms[1]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_per_agent_clipping_end_to_end(optimizer):
+    graphdef, adapters, base = split_model(_model(2, seed=1))
+    adapters = _randomise_b(adapters)
+    cfg = magrpo.MAGRPOConfig(learning_rate=1e-2, optimizer=optimizer, max_grad_norm=1.0,
+                              kl_beta=0.0)
+    step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=2)
+    agents = [0, 1, 0, 1, 0, 1]
+    # Agent 0: huge advantages (its gradient norm is far above 1.0); agent 1: small ones.
+    batch = step.prepare(base, adapters, _random_batch(agents, [500, 0.01, -500, -0.02, 500, 0.01]))
+    alone = batch.replace(valid=batch.valid & (batch.agent_ids == 1))
+    opt = step.optimizer.init(adapters)
+    joint, _, mj = step.update(base, adapters, opt, batch, jax.random.key(0))
+    solo, _, ms = step.update(base, adapters, opt, alone, jax.random.key(0))
+    assert mj["grad_norm"][0, 0] > 10 and mj["grad_norm"][0, 1] < 1.0
+    for a, b in zip(_slice(joint, 1), _slice(solo, 1)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert any(not np.allclose(a, b) for a, b in zip(_slice(adapters, 1), _slice(joint, 1)))
+    np.testing.assert_array_equal(ms["updated"][:, 0], [0, 0])
+
+
+def test_micro_batch_accumulation_matches_one_pass():
+    graphdef, adapters, base = split_model(_model(3, seed=4))
+    agents = [0, 1, 2, 1, 1, 0, 2, 2, 1, 0, 1, 2, 0]
+    host = _random_batch(agents, np.linspace(-1.5, 1.5, len(agents)), seed=5, pad_to_multiple=16)
+    out = []
+    for micro in (0, 4):
+        cfg = magrpo.MAGRPOConfig.smoke(micro_batch=micro, kl_beta=0.1)
+        step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3)
+        batch = step.prepare(base, adapters, host)
+        out.append(step.update(base, adapters, step.optimizer.init(adapters), batch,
+                               jax.random.key(0)))
+    (a0, _, m0), (a1, _, m1) = out
+    for x, y in zip(jax.tree.leaves(a0), jax.tree.leaves(a1)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    for k in m0:
+        np.testing.assert_allclose(m0[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_array_equal(m1["ratio_min"][0], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(m1["kl"][0], [0.0, 0.0, 0.0])
+
+
+def test_shared_adapter_mode():
+    graphdef, adapters, base = split_model(_model(1))
+    cfg = magrpo.MAGRPOConfig.smoke(shared_adapter=True)
+    with pytest.raises(ValueError, match="one adapter"):
+        ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3)
+    step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=1)
+    np.testing.assert_array_equal(step.adapter_ids(np.array([0, 2, 1])), [0, 0, 0])
+    batch = step.prepare(base, adapters, _random_batch([0, 1, 2, 0, 1, 2], [1, -1, 1, -1, 0.5, 0]))
+    np.testing.assert_array_equal(batch.logp_old, batch.logp_ref)
+    new, _, m = step.update(base, adapters, step.optimizer.init(adapters), batch,
+                            jax.random.key(0))
+    assert m["loss"].shape == (2, 1)
+    np.testing.assert_array_equal(m["count"][:, 0], [6, 6])  # every agent's decisions, one adapter
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(adapters),
+                                                         jax.tree.leaves(new)))
+
+
+_MESH_SCRIPT = textwrap.dedent("""
+    import json, jax, jax.numpy as jnp, numpy as np
+    from flax import nnx
+    from jaxopt_marl import magrpo, train_step as ts
+    from lora import Decoder, LoRAConfig, ModelConfig, split_model
+    assert len(jax.devices()) == 8, jax.devices()
+    graphdef, adapters0, base0 = split_model(Decoder(
+        ModelConfig.tiny(vocab_size=64), LoRAConfig(num_adapters=2, rank=4, alpha=8.0),
+        rngs=nnx.Rngs(0)))
+    rng = np.random.RandomState(0)
+    d = 13
+    prompts = [list(rng.randint(1, 64, rng.randint(3, 7))) for _ in range(d)]
+    responses = [list(rng.randint(1, 64, rng.randint(1, 4))) for _ in range(d)]
+    adv = magrpo.decision_advantages(magrpo.group_relative_advantage(jnp.array([1., 0., 3., 2.])),
+                                     jnp.asarray(rng.randint(0, 4, d)))
+    host = ts.pack_decisions(prompts, responses, rng.randint(0, 2, d), np.asarray(adv),
+                             prompt_len=6, response_len=3, pad_to_multiple=32)
+    # 2 minibatches of 16, each accumulated over 2 micro-batches of 8 (one decision per device).
+    cfg = magrpo.MAGRPOConfig.smoke(num_minibatches=2, micro_batch=8, kl_beta=0.1)
+    out = {}
+    for n in (1, 8):
+        mesh = ts.make_mesh(n)
+        step = ts.make_train_step(graphdef, cfg, mesh, num_adapters=2)
+        base, adapters = ts.replicate(base0, mesh), ts.replicate(adapters0, mesh)
+        batch = step.prepare(base, adapters, ts.shard_batch(host, mesh))
+        opt = ts.init_opt_state(step, adapters)
+        for r in range(2):
+            adapters, opt, m = step.update(base, adapters, opt, batch, jax.random.key(r))
+            batch = step.prepare(base, adapters, batch)
+        out[n] = dict(devices=len(batch.tokens.sharding.device_set),
+                      adapters=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(adapters)],
+                      loss=np.asarray(m["loss"]).tolist(), logp=np.asarray(batch.logp_old).tolist())
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_eight_device_mesh_matches_one_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
+    out = json.loads(line[len("RESULT"):])
+    one, eight = out["1"], out["8"]
+    assert one["devices"] == 1 and eight["devices"] == 8
+    # Reductions split over 8 devices round differently; Adam divides by sqrt(v), so an element with a
+    # tiny gradient can move by ~1e-6 of lr = 1e-2 differently after 8 steps. Hence atol 1e-5 (1e-3 lr).
+    for a, b in zip(one["adapters"], eight["adapters"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(one["loss"], eight["loss"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(one["logp"], eight["logp"], rtol=1e-5, atol=1e-5)
+    # The update did something (otherwise parity would be trivial).
+    graphdef, adapters0, _ = split_model(_model(2))
+    assert not np.allclose(np.concatenate(one["adapters"]),
+                           np.concatenate([np.asarray(x).ravel() for x in
+                                           jax.tree.leaves(adapters0)]))
+
+
+def test_tiny_task_learns_to_choose_b():
+    """Fixed prompt, two one-token responses A / B, team return = fraction of agents choosing B."""
+    n_agents, k, rounds = 2, 8, 8
+    tok_a, tok_b = 11, 10  # with this seed the fresh model prefers A: P(B) = 0.25 at the start
+    graphdef, adapters, base = split_model(_model(n_agents, seed=2))
+    cfg = magrpo.MAGRPOConfig.smoke(num_rollouts=k, learning_rate=1e-2)
+    step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=n_agents)
+    opt = step.optimizer.init(adapters)
+    prompt = [3, 17, 29, 41, 5]
+    ids = jnp.asarray([prompt] * n_agents, jnp.int32)
+    agents = jnp.arange(n_agents, dtype=jnp.int32)
+
+    def p_b(adapters):
+        """P(B) under each agent's policy restricted to the menu {A, B}."""
+        state = nnx.state(nnx.merge(graphdef, adapters, base))
+        logits = sampling.forward(graphdef, state, ids, agent_ids=agents)[:, -1, [tok_a, tok_b]]
+        return np.asarray(jax.nn.softmax(logits, axis=-1)[:, 1])
+
+    key = jax.random.key(0)
+    probs, mean_returns = [p_b(adapters)], []
+    for r in range(rounds):
+        key, k_sample, k_update = jax.random.split(key, 3)
+        p = jnp.asarray(probs[-1])
+        chose_b = np.asarray(jax.random.bernoulli(k_sample, p, (k, n_agents)))  # [K, N]
+        returns = chose_b.mean(axis=1).astype(np.float32)  # team return of each rollout
+        mean_returns.append(float(returns.mean()))
+        adv_k = magrpo.group_relative_advantage(jnp.asarray(returns))
+        rollout = np.repeat(np.arange(k), n_agents)
+        batch = ts.pack_decisions(
+            [prompt] * (k * n_agents), [[tok_b if c else tok_a] for c in chose_b.ravel()],
+            np.tile(np.arange(n_agents), k), np.asarray(adv_k)[rollout], pad_to_multiple=8)
+        batch = step.prepare(base, adapters, batch)
+        adapters, opt, _ = step.update(base, adapters, opt, batch, k_update)
+        probs.append(p_b(adapters))
+    probs = np.stack(probs)
+    assert np.all(probs[0] < 0.3), probs
+    assert np.all(probs[-1] > probs[0] + 0.5), probs
+    assert np.all(probs[-1] > 0.8), probs
+    assert np.mean(mean_returns[-3:]) > np.mean(mean_returns[:3]) + 0.25, mean_returns
