@@ -149,7 +149,8 @@ def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
 
 
 def sequence_logprobs(model: Decoder, batch: DecisionBatch, adapter_ids: jax.Array,
-                      dropout_key: jax.Array | None = None) -> jax.Array:
+                      dropout_key: jax.Array | None = None,
+                      temperature: float | jax.Array = 1.0) -> jax.Array:
     """Summed log-prob of each decision's response tokens, float32[D].
 
     Args:
@@ -157,13 +158,15 @@ def sequence_logprobs(model: Decoder, batch: DecisionBatch, adapter_ids: jax.Arr
         batch: decisions (only tokens, masks and ``response_len`` are read).
         adapter_ids: int32[D] adapter per row; -1 = reference policy (adapters off).
         dropout_key: LoRA dropout key (None = deterministic).
+        temperature: sampling temperature of the rollouts; log-probs are those of the tempered
+            distribution the responses were sampled from (``MAGRPOConfig.temperature``).
     """
     t = batch.tokens.shape[1]
     tr = min(batch.response_len, t - 1)  # the first column has no predecessor
     per_token = continuation_logprobs(
         model, batch.tokens[:, :-tr], batch.attention_mask[:, :-tr], batch.tokens[:, -tr:],
         batch.response_mask[:, -tr:] & batch.attention_mask[:, -tr:], agent_ids=adapter_ids,
-        dropout_key=dropout_key)
+        dropout_key=dropout_key, temperature=temperature)
     return per_token.sum(axis=1)
 
 
@@ -320,7 +323,7 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
     #    bit for bit.
     def score(base, adapters, batch, adapter_ids):
         model = nnx.merge(graphdef, adapters, base)
-        return sequence_logprobs(model, batch, adapter_ids)
+        return sequence_logprobs(model, batch, adapter_ids, temperature=config.temperature)
 
     score_jit = jax.jit(score, in_shardings=(repl, repl, data, data), out_shardings=data)
 
@@ -337,7 +340,7 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
 
         def loss_fn(adapters):
             model = nnx.merge(graphdef, adapters, base)
-            live = sequence_logprobs(model, mb, groups)
+            live = sequence_logprobs(model, mb, groups, temperature=config.temperature)
             # First step of the round: theta == theta_old, take logp_old's value, the live gradient.
             lp = jnp.where(first, mb.logp_old + (live - jax.lax.stop_gradient(live)), live)
             return magrpo.magrpo_loss(

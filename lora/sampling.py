@@ -23,7 +23,8 @@ from lora.model import Decoder, KVCache
 def continuation_logprobs(model: Decoder, prompt_ids: jax.Array, prompt_mask: jax.Array,
                           cont_ids: jax.Array, cont_mask: jax.Array, *,
                           agent_ids: jax.Array | None = None, cache: KVCache | None = None,
-                          dropout_key: jax.Array | None = None) -> jax.Array:
+                          dropout_key: jax.Array | None = None,
+                          temperature: float | jax.Array = 1.0) -> jax.Array:
   """Log-probabilities of given continuation tokens after each prompt (one forward pass).
 
   Only the continuation columns go through the vocabulary head, so memory is B x Tc x V.
@@ -38,9 +39,12 @@ def continuation_logprobs(model: Decoder, prompt_ids: jax.Array, prompt_mask: ja
     cache: optional KV cache already holding a shared prefix (broadcast to B rows, with room for
       Tp + Tc more slots).
     dropout_key: enables LoRA dropout (training mode).
+    temperature: the logits are divided by it before the softmax, so the log-probabilities are
+      those of the distribution ``generate`` samples from at that temperature (issue #5: the
+      sampled tokens' log-probability at the rollout temperature, no top-k/top-p reshaping).
 
   Returns:
-    float32[B, Tc]: log p(cont_t | prompt, cont_<t), 0 where ``cont_mask`` is False.
+    float32[B, Tc]: log p_T(cont_t | prompt, cont_<t), 0 where ``cont_mask`` is False.
   """
   tc = cont_ids.shape[1]
   ids = jnp.concatenate([prompt_ids, cont_ids], axis=1)
@@ -48,7 +52,7 @@ def continuation_logprobs(model: Decoder, prompt_ids: jax.Array, prompt_mask: ja
   h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache,
                       dropout_key=dropout_key)
   logits = model.logits(h[:, -tc - 1:-1])  # position t predicts token t + 1
-  logp = jax.nn.log_softmax(logits, axis=-1)
+  logp = jax.nn.log_softmax(logits / temperature, axis=-1)
   picked = jnp.take_along_axis(logp, cont_ids[..., None], axis=-1)[..., 0]
   return jnp.where(cont_mask, picked, 0.0)
 
