@@ -1,0 +1,170 @@
+"""write_report on synthetic, well-formed run directories (and on incomplete ones)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxopt_marl.report import write_report
+
+H, W = 5, 6
+
+
+def _write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _decision(aid, opt, seed, step, outcome="success", parse_fail=None, rnd=None):
+    return {"round": rnd, "rollout": 0, "seed": seed, "step": step, "aid": aid, "prompt": "...",
+            "menu": ["A) clean_dirt", "B) eat_apple", "C) wait"], "response": "A", "choice": "A",
+            "parse_fail": parse_fail, "opt": opt, "target": [1, 2] if opt != "wait" else None, "outcome": outcome}
+
+
+def _make_run(tmp_path, game="cleanup", preset="cpu", extra_npz=None):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"game": game, "preset": preset, "seed": 3,
+                                                 "model": "smollm2-135m", "K": 4, "rounds": 3,
+                                                 "episode_length": 4, "some_future_key": {"a": 1}}))
+    # rounds 0..2: team return 1.0 ± 0.5, 2.5 ± 0.25, 4.0 ± 1.0
+    _write_jsonl(run / "metrics.jsonl", [
+        {"round": r, "train/return_mean": m, "train/return_std": s, "train/parse_fail_rate": 0.1 * r,
+         "train/kl": 0.01, "perf/decisions_per_s": 100.0} for r, m, s in ((0, 1.0, 0.5), (1, 2.5, 0.25), (2, 4.0, 1.0))])
+    # two evaluation episodes, team returns 3 and 5 -> 4.00 ± 1.41 (sample std); baseline 0 and 0
+    (run / "eval.json").write_text(json.dumps({
+        "policy": "trained",
+        "episodes": [{"seed": 10000, "team_return": 3.0, "agent_returns": [3.0, 0.0]},
+                     {"seed": 10001, "team_return": 5.0, "agent_returns": [4.0, 1.0]}],
+        "summary": {"team_return": {"mean": 4.0, "std": 1.41421356}},
+        "baseline": {"policy": "frozen_base", "episodes": [{"seed": 10000, "team_return": 0.0},
+                                                           {"seed": 10001, "team_return": 0.0}]}}))
+    # agent 0: 3 x clean_dirt, agent 1: 2 x eat_apple + 1 x wait (one parse failure)
+    _write_jsonl(run / "decisions" / "eval.jsonl",
+                 [_decision(0, "clean_dirt", 10000, t) for t in range(3)]
+                 + [_decision(1, "eat_apple", 10000, 0), _decision(1, "eat_apple", 10000, 1),
+                    _decision(1, "wait", 10000, 2, parse_fail="no_letter")])
+    _write_jsonl(run / "decisions" / "round_0000.jsonl", [_decision(0, "wait", 0, 0, rnd=0)])
+    # E = 2, T = 4, N = 2; agent 0 never moves, agent 1 moves every step
+    pos = np.zeros((2, 4, 2, 2), np.int32)
+    pos[:, :, 0] = [1, 1]
+    pos[:, :, 1, 0] = 3
+    pos[:, :, 1, 1] = np.arange(4)
+    rew = np.zeros((2, 4, 2), np.float32)
+    rew[0, :3, 0] = 1
+    rew[1, :, 0] = 1
+    rew[1, 0, 1] = 1  # agent 0 apples 3, 4 (mean 3.50); agent 1: 0, 1 (mean 0.50)
+    arrays = {"positions": pos, "rewards": rew, "alive": np.ones((2, 4, 2), bool),
+              "walls": np.pad(np.zeros((H - 2, W - 2), bool), 1, constant_values=True),
+              "opt_ids": np.tile(np.array([[0, 2]], np.int32), (2, 4, 1)),
+              "option_names": np.array(["clean_dirt", "eat_apple", "wait"])}
+    arrays.update(extra_npz or {})
+    np.savez(run / "eval_traj.npz", **arrays)
+    return run
+
+
+def test_report_contains_expected_numbers_and_figures(tmp_path):
+    run = _make_run(tmp_path)
+    path = write_report(run)
+    md = path.read_text()
+    assert path == run / "report.md"
+    # header and reduced-budget statement
+    assert "**game**: cleanup" in md and "**model**: smollm2-135m" in md and "**seed**: 3" in md
+    assert "Reduced budget" in md and "`cpu` preset" in md
+    assert "some_future_key" in md  # unknown config keys are listed, not dropped
+    # training table
+    assert "| 0 | 1.00 ± 0.50 |" in md and "| 2 | 4.00 ± 1.00 |" in md
+    assert "Best round: 2 with 4.00 ± 1.00" in md
+    # evaluation: baseline vs trained, sample std of (3, 5) = 1.41
+    assert "| team_return | 0.00 ± 0.00 | 4.00 ± 1.41 | 2 / 2 |" in md
+    assert "seeds: 10000, 10001" in md
+    assert "| a0 | 3.50 ± 0.71 |" in md  # per-agent returns from eval.json
+    # option histogram from decisions/eval.jsonl (not the round file)
+    assert "decisions/eval.jsonl`, 6 decisions" in md
+    assert "| a0 | 3 | 100.0% | 0.0% | 0.0% |" in md
+    assert "| a1 | 3 | 0.0% | 66.7% | 33.3% |" in md
+    assert "1 × clean" in md and "1 × eat" in md
+    # trajectories: agent 0 stationary 1.000, agent 1 0.000; waiting fraction from opt_ids (agent 1 always wait)
+    assert "| a0 | 1.000 | 3.50 ± 0.71 | 0.000 | clean |" in md
+    assert "| a1 | 0.000 | 0.50 ± 0.71 | 1.000 | idle |" in md
+    # spec §4: team returns 3 and 5 over 4 steps -> efficiency 0.75 and 1.25
+    assert "| efficiency | 1.000 ± 0.354 |" in md
+    for name in ("training_curve", "option_histogram", "visit_heatmaps", "per_agent"):
+        f = run / "figures" / f"{name}.png"
+        assert f.exists() and f.stat().st_size > 1000, name
+        assert f"figures/{name}.png" in md
+    assert "No `episode.gif`" in md and "`episode.gif` missing" in md
+    (run / "episode.gif").write_bytes(b"GIF89a")
+    assert "![episode](episode.gif)" in write_report(run).read_text()
+
+
+def test_report_harvest_patch_survival(tmp_path):
+    pid = np.full((H, W), -1, np.int32)
+    pid[1, 1:3] = 0
+    pid[3, 3:5] = 1
+    apples = np.zeros((2, 4, H, W), bool)
+    apples[:, :2, 1, 1] = True  # patch 0 dies at step 2 in both episodes
+    apples[0, :, 3, 4] = True  # patch 1 survives in episode 0 only (dies at step 0 in episode 1)
+    run = _make_run(tmp_path, game="harvest", preset="paper", extra_npz={"apples": apples, "patch_id": pid})
+    md = write_report(run).read_text()
+    assert "Reduced budget" not in md
+    # final alive patches (1, 0) -> 0.50 ± 0.71; extinct 3 of 4 at steps 2, 2, 0 -> mean 1.3
+    assert "0.50 ± 0.71 over 2 episode(s)" in md
+    assert "Extinct patches: 3 of 4" in md and "mean extinction step 1.3" in md
+    assert (run / "figures" / "patch_survival.png").exists()
+
+
+def test_report_overcooked_deliveries(tmp_path):
+    run = _make_run(tmp_path, game="overcooked_aa")
+    recs = [_decision(0, "deliver", 10000, 5), _decision(0, "deliver", 10001, 5), _decision(1, "deliver", 10001, 9),
+            _decision(1, "deliver", 10001, 12, outcome="effect_fail")]
+    _write_jsonl(run / "decisions" / "eval.jsonl", recs)
+    md = write_report(run).read_text()
+    assert "| deliveries |" in md  # team return / 20 row in the evaluation table
+    assert "deliveries / episode (decisions)" in md
+    assert "| a0 | 1.000 | 1.00 |" in md and "| a1 | 0.000 | 0.50 |" in md  # 2 and 1 over 2 episodes
+
+
+def test_report_empty_run_dir_does_not_crash(tmp_path):
+    md = write_report(tmp_path).read_text()
+    for name in ("config.json", "metrics.jsonl", "eval.json", "eval_traj.npz", "decisions/eval.jsonl",
+                 "episode.gif"):
+        assert f"`{name}`" in md
+    assert "not recorded" in md
+    assert "`eval.json` is missing" in md
+
+
+def test_report_partial_and_malformed_files(tmp_path):
+    run = _make_run(tmp_path)
+    (run / "eval_traj.npz").write_bytes(b"not a zip")
+    (run / "decisions" / "eval.jsonl").unlink()
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write("{truncated\n")
+    (run / "eval.json").write_text(json.dumps({"summary": {"team_return": {"mean": 7.0, "std": 2.0}}}))
+    md = write_report(run).read_text()
+    assert "`eval_traj.npz` unreadable" in md
+    assert "decisions/round_0000.jsonl (no evaluation decisions)" in md  # falls back to the latest round
+    assert "| 2 | 4.00 ± 1.00 |" in md
+    assert "| team_return | 7.00 ± 2.00 | 0 |" in md
+
+
+def test_missing_run_dir_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        write_report(tmp_path / "nope")
+
+
+def test_report_harvest_fallbacks(tmp_path):
+    # final apple grids on the real 18 x 24 map, patch ids from envs_jax.harvest: all 64 apples -> 6 patches
+    from envs_jax.harvest import APPLE_CHARS, ASCII_MAP
+
+    chars = np.array([list(line) for line in ASCII_MAP.strip("\n").split("\n")])
+    full = np.isin(chars, list(APPLE_CHARS))
+    run = _make_run(tmp_path, game="harvest", extra_npz={"final_apples": np.stack([full, np.zeros_like(full)])})
+    assert "3.00 ± 4.24 over 2 episode(s)" in write_report(run).read_text()  # (6, 0)
+    # no grids at all: eval.json's per-episode patches_alive
+    np.savez(run / "eval_traj.npz", positions=np.zeros((1, 2, 2, 2), np.int32))
+    ev = json.loads((run / "eval.json").read_text())
+    ev["episodes"][0]["patches_alive"], ev["episodes"][1]["patches_alive"] = 2, 3
+    (run / "eval.json").write_text(json.dumps(ev))
+    md = write_report(run).read_text()
+    assert "`patches_alive` per episode in `eval.json`): 2.50 ± 0.71" in md
