@@ -6,6 +6,7 @@ table (and JSON with ``--out``). Figures that go into BENCHMARKS.md come from th
 * ``envs``: environment steps per second per game at 1, 64, 1024, 4096 parallel environments under a
   uniform-random policy, with JaxMARL's own OvercookedV2 (Asymmetric Advantages) as the baseline.
 * ``llm``: prefill and decision throughput of the frozen LLM (see ``experiments/bench_llm.py``).
+* ``train``: PA-MAGRPO update throughput and MFU on a model-shaped random decoder (``experiments/bench_train.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 _BENCHES = {
     "envs": "experiments.bench_envs",
     "llm": "experiments.bench_llm",
+    "train": "experiments.bench_train",
 }
 
 

@@ -1,0 +1,142 @@
+"""``python -m experiments.bench train``: PA-MAGRPO update throughput and MFU of a frozen base + LoRA.
+
+Builds a decoder with random weights in the shape of a named model (weights do not change the
+arithmetic; no checkpoint is needed), attaches N stacked per-agent LoRA adapters, and times the
+jitted PA-MAGRPO update (``jaxopt_marl.train_step``: forward and backward of the whole packed
+prompt+response batch, one optimizer step per call) after a warm-up call. Timed in the same run, as
+the baseline: the plain forward pass over the same batch (``TrainStep.score``).
+
+FLOP accounting (per token, ``ModelConfig.flops_per_token`` = 2 x multiply-adds of the forward,
+attention included, vocabulary head only on the response columns):
+
+* executed: forward F + backward through activations F + (LoRA weight gradients, negligible); the
+  frozen base has no weight gradients, so the update executes about 2F per token (the "4N" rule);
+* conventional MFU ("6N" rule, as in PaLM's MFU): 3F per token, as if the base were trained too.
+  Both are printed; the issue's 40% target is read on the executed count.
+
+Peak: the device's dense bf16 (or fp32) peak from public spec sheets (H100/H200 SXM: 989 TFLOP/s
+bf16), or ``--peak-tflops``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxopt_marl import magrpo, train_step
+from lora import Decoder, LoRAConfig, ModelConfig, split_model
+
+SHAPES = {
+    # Qwen3-4B(-Instruct-2507) config.json: 36 layers, d 2560, 32 q / 8 kv heads of 128, MLP 9728.
+    "qwen3_4b": dict(architecture="qwen3", vocab_size=151936, hidden_size=2560, num_layers=36,
+                     num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=9728,
+                     rope_theta=5e6, rms_norm_eps=1e-6, tie_embeddings=True, qk_norm=True),
+    "smollm2_135m": dict(ModelConfig.smollm2_135m().__dict__),
+    "tiny": dict(ModelConfig.tiny().__dict__),
+}
+PEAK_TFLOPS = {"H100": (989.0, 67.0), "H200": (989.0, 67.0), "A100": (312.0, 19.5)}
+
+
+def _peak(dtype: str, override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    kind = jax.devices()[0].device_kind
+    for name, (bf16, fp32) in PEAK_TFLOPS.items():
+        if name in kind:
+            return (bf16 if dtype == "bfloat16" else fp32) * 1e12
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench train", description=__doc__.split("\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3_4b")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--decisions", type=int, default=32, help="decisions (rows) per update")
+    p.add_argument("--prompt-len", type=int, default=480)
+    p.add_argument("--response-len", type=int, default=32)
+    p.add_argument("--agents", type=int, default=7)
+    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--micro-batch", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+
+    cfg = ModelConfig(**SHAPES[a.shape])
+    dtype = jnp.bfloat16 if a.dtype == "bfloat16" else jnp.float32
+    t0 = time.perf_counter()
+    model = Decoder(cfg, LoRAConfig(num_adapters=a.agents, rank=a.rank, alpha=2.0 * a.rank),
+                    dtype=dtype, rngs=nnx.Rngs(0))
+    graphdef, adapters, base = split_model(model)
+    del model
+    init_s = time.perf_counter() - t0
+    mesh = train_step.make_mesh()
+    conf = magrpo.MAGRPOConfig(epochs=1, num_minibatches=1, micro_batch=a.micro_batch, learning_rate=1e-5)
+    ts = train_step.make_train_step(graphdef, conf, mesh, num_adapters=a.agents)
+    base = train_step.replicate(base, mesh)
+    adapters = train_step.replicate(adapters, mesh)
+    opt = train_step.init_opt_state(ts, adapters)
+
+    rng = np.random.default_rng(0)
+    d, tp, tr = a.decisions, a.prompt_len, a.response_len
+    prompts = [rng.integers(1, cfg.vocab_size, tp).tolist() for _ in range(d)]
+    responses = [rng.integers(1, cfg.vocab_size, tr).tolist() for _ in range(d)]
+    batch = train_step.pack_decisions(prompts, responses, np.arange(d) % a.agents,
+                                      rng.standard_normal(d).astype(np.float32),
+                                      prompt_len=tp, response_len=tr)
+    batch = train_step.shard_batch(batch, mesh)
+
+    def timed(fn, *args):
+        out = jax.block_until_ready(fn(*args))  # compile + warm-up
+        ts_ = []
+        for _ in range(a.repeats):
+            t = time.perf_counter()
+            out = jax.block_until_ready(fn(*args))
+            ts_.append(time.perf_counter() - t)
+        return out, float(np.median(ts_))
+
+    t = time.perf_counter()
+    batch = ts.prepare(base, adapters, batch)
+    jax.block_until_ready(batch.logp_old)
+    first_prepare_s = time.perf_counter() - t
+    ids = jnp.asarray(ts.adapter_ids(np.arange(d) % a.agents))
+    _, fwd_s = timed(ts.score, base, adapters, batch, ids)
+    key = jax.random.PRNGKey(0)
+    t = time.perf_counter()
+    jax.block_until_ready(ts.update(base, adapters, opt, batch, key))
+    first_update_s = time.perf_counter() - t
+    _, upd_s = timed(ts.update, base, adapters, opt, batch, key)
+
+    tokens = d * (tp + tr)
+    body = cfg.flops_per_token(context=(tp + tr) // 2, head=False) * tokens
+    head = 2 * cfg.hidden_size * cfg.vocab_size * d * tr
+    fwd_flops = body + head
+    peak = _peak(a.dtype, a.peak_tflops)
+    res = {
+        "device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "shape": a.shape,
+        "dtype": a.dtype, "decisions": d, "prompt_len": tp, "response_len": tr, "agents": a.agents,
+        "rank": a.rank, "tokens": tokens, "init_s": init_s, "first_prepare_s": first_prepare_s,
+        "first_update_s": first_update_s, "forward_s": fwd_s, "update_s": upd_s,
+        "forward_tflops": fwd_flops / fwd_s / 1e12, "update_executed_tflops": 2 * fwd_flops / upd_s / 1e12,
+        "update_6n_tflops": 3 * fwd_flops / upd_s / 1e12, "tokens_per_s_update": tokens / upd_s,
+    }
+    if peak:
+        res |= {"peak_tflops": peak / 1e12,
+                "forward_mfu": fwd_flops / fwd_s / peak,
+                "update_mfu_executed": 2 * fwd_flops / upd_s / peak,
+                "update_mfu_6n": 3 * fwd_flops / upd_s / peak}
+    for k, v in res.items():
+        print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
