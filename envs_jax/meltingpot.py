@@ -264,21 +264,22 @@ def pick_distinct(priority: jax.Array, want: jax.Array, taken: jax.Array) -> tup
         want: bool[N] agents that need a cell. taken: bool[S] candidates already occupied.
 
     Returns:
-        ``(idx int32[N], ok bool[N])``: chosen candidate and whether one was free.
+        ``(idx int32[N], ok bool[N])``: chosen candidate and whether one was free (``idx`` is 0 where not).
     """
     s = priority.shape[0]
     if want.shape[0] == 0:
         return jnp.zeros(0, jnp.int32), jnp.zeros(0, bool)
-    cand = jnp.arange(s, dtype=jnp.int32)
-    idxs, oks = [], []
-    for j in range(want.shape[0]):  # N <= 7 agents; unrolled. max + compare: argmax is slow on XLA:CPU.
-        free = jnp.where(taken, -1, priority)
-        best = free == jnp.max(free)
-        ok = want[j] & ~jnp.all(taken)
-        taken = taken | (ok & best)
-        idxs.append(jnp.sum(jnp.where(best, cand, 0)))
-        oks.append(ok)
-    return jnp.stack(idxs).astype(jnp.int32), jnp.stack(oks)
+    # Closed form of the sequential picks (no 7-long dependency chain): the k-th wanting agent (in index
+    # order) gets the free candidate of k-th highest priority, if there are more than k free candidates.
+    free = ~taken
+    order = jnp.sum((priority[None, :] > priority[:, None]) & free[None, :], axis=1, dtype=jnp.int32)  # [S]
+    n = want.shape[0]
+    earlier = np.tril(np.ones((n, n), bool), -1)  # [j, i]: i < j
+    k = jnp.sum(want[None, :] & earlier, axis=1, dtype=jnp.int32)  # [N] wanting agents before j
+    ok = want & (k < jnp.sum(free, dtype=jnp.int32))
+    match = free[None, :] & (order[None, :] == k[:, None]) & ok[:, None]  # [N, S], one-hot where ok
+    idx = jnp.sum(jnp.where(match, jnp.arange(s, dtype=jnp.int32), 0), axis=1, dtype=jnp.int32)
+    return idx, ok
 
 
 # ------------------------------------------------------------------------------------------------
@@ -340,7 +341,9 @@ def resolve_moves(
         go = me & wants & free
         return jnp.where(go[:, None], tgt, cur)
 
-    return jax.lax.fori_loop(0, n, body, pos, unroll=True)
+    # A rolled loop: its result is materialised once. Unrolled, XLA:CPU re-fuses the 7-turn select chain
+    # into every consumer of the positions (beam cells, respawn occupancy, observations, ...).
+    return jax.lax.fori_loop(0, n, body, pos)
 
 
 def eat_apples(apples: jax.Array, pos: jax.Array, eaters: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -369,8 +372,12 @@ def beam_cells(pos: jax.Array, facing: jax.Array) -> jax.Array:
 
 def segment_reach(blocking: jax.Array) -> jax.Array:
     """bool[..., L]: cells a segment reaches; it stops at (and includes) its first blocking cell."""
-    clear = jnp.cumprod(~blocking, axis=-1).astype(bool)
-    return jnp.concatenate([jnp.ones_like(clear[..., :1]), clear[..., :-1]], axis=-1)
+    # Unrolled prefix-and (cumprod lowers to a slow reduce-window on XLA:CPU); L = 3 for the beams.
+    clear = ~blocking
+    reach = [jnp.ones_like(clear[..., 0])]
+    for i in range(blocking.shape[-1] - 1):
+        reach.append(reach[-1] & clear[..., i])
+    return jnp.stack(reach, axis=-1)
 
 
 def zap_beams(
@@ -390,11 +397,13 @@ def zap_beams(
     """
     n = pos.shape[0]
     cells = beam_cells(pos, facing)  # [N, 3, 3, 2]
-    # One gather of a combined code: bit 0 wall, bits 1.. = 1 + id of the agent on the cell.
-    code = wall.astype(jnp.int32) | (agent_id_grid(wall.shape, pos, alive) << 1)
-    seen = gather_cells(code, cells, 1)
-    reach = segment_reach(seen > 0) & firing[:, None, None]
-    victim = jnp.sum(jnp.where(reach, seen >> 1, 0), axis=-1)  # [N, 3]: 1 + id of each segment's victim
+    # Per beam cell: wall (or off-map) from one gather, and 1 + the id of the alive agent on it from an
+    # [N, 3, 3] x N comparison (no full-grid agent map).
+    blocked = gather_cells(wall, cells, True)
+    occ = occupied_by(cells, pos, alive)  # [N, 3, 3, N]
+    who = jnp.sum(jnp.where(occ, jnp.arange(1, n + 1, dtype=jnp.int32), 0), axis=-1)
+    reach = segment_reach(blocked | (who > 0)) & firing[:, None, None]
+    victim = jnp.sum(jnp.where(reach, who, 0), axis=-1)  # [N, 3]: 1 + id of each segment's victim
     hits = victim[..., None] == jnp.arange(1, n + 1)  # [shooter, segment, victim]
     return jnp.any(hits, axis=(0, 1)), jnp.sum(victim > 0, axis=-1).astype(jnp.int32)
 
@@ -511,6 +520,8 @@ def window_offsets() -> np.ndarray:
 _WINDOW_OFFSETS = window_offsets()
 
 
+
+
 def _window_slicing() -> tuple[np.ndarray, np.ndarray]:
     """Per facing, the window as a rotated 11x11 map block: (block origin offset int32[4, 2], quarter
     rotations int32[4]) with ``window = rot90(map[origin : origin + 11, ...], k)``."""
@@ -539,9 +550,36 @@ def cell_codes(static_bits: jax.Array, apples: jax.Array, dirt: jax.Array | None
     return code.reshape(-1).at[flat].add(agent_bits, mode="drop").reshape(h, w)
 
 
+_CENTRE_BIT = np.zeros((OBS_ROWS, OBS_COLS), np.int32)
+_CENTRE_BIT[OBS_SELF_CELL] = 1 << 10
+_OBS_TABLES: dict[tuple[int, ...], np.ndarray] = {}
+
+
+def _obs_table(bit_layers: tuple[int, ...]) -> np.ndarray:
+    """uint8[2049, len(bit_layers) + 6]: the observation layers of one window cell, indexed by
+    ``code | observer_facing << 8 | is_centre << 10`` (see :func:`egocentric_obs`); row 2048 is all zero
+    (removed observer)."""
+    if bit_layers not in _OBS_TABLES:
+        nb = len(bit_layers)
+        i = np.arange(2048)
+        code, own, centre = i & 0xFF, (i >> 8) & 3, (i >> 10) & 1
+        agent = code >> AGENT_SHIFT  # 0 none, else 1 + facing
+        other = (agent > 0) & (centre == 0)
+        rel = (agent + 3 - own) & 3  # the other's facing seen in the observer's rotated frame
+        table = np.zeros((2049, nb + 6), np.uint8)
+        for li, b in enumerate(bit_layers):
+            table[:2048, li] = (code >> b) & 1
+        table[:2048, nb] = centre
+        table[:2048, nb + 1] = other
+        for k in range(4):
+            table[:2048, nb + 2 + k] = other & (rel == k)
+        _OBS_TABLES[bit_layers] = table
+    return _OBS_TABLES[bit_layers]
+
+
 def egocentric_obs(code: jax.Array, pos: jax.Array, facing: jax.Array, alive: jax.Array,
                    bit_layers: Sequence[int]) -> jax.Array:
-    """Symbolic egocentric observations.
+    """Symbolic egocentric observations (see :func:`egocentric_obs_list`, stacked).
 
     Args:
         code: uint8[H, W] from :func:`cell_codes`.
@@ -553,31 +591,35 @@ def egocentric_obs(code: jax.Array, pos: jax.Array, facing: jax.Array, alive: ja
         (another agent), ``other_facing_up/right/down/left`` (its facing in the rotated frame).
         Off-map cells have the wall bit. All zeros for removed agents.
     """
-    # 1. The window is an 11x11 block of the padded map (a slice, not 121 gathers), rotated per facing.
+    return jnp.stack(egocentric_obs_list(code, pos, facing, alive, bit_layers))
+
+
+def egocentric_obs_list(code: jax.Array, pos: jax.Array, facing: jax.Array, alive: jax.Array,
+                        bit_layers: Sequence[int]) -> list[jax.Array]:
+    """:func:`egocentric_obs` as a list of N arrays uint8[11, 11, C], one per agent (each written by its
+    own table lookup, with no stacked copy to slice)."""
+    table = jnp.asarray(_obs_table(tuple(int(b) for b in bit_layers)))
     padded = jnp.pad(code, PAD, constant_values=np.uint8(1 << BIT_WALL))
     origin = pos + PAD + jnp.asarray(_BLOCK_ORIGIN)[facing]
-    block = jax.vmap(lambda o: jax.lax.dynamic_slice(padded, (o[0], o[1]), (OBS_ROWS, OBS_COLS)))(origin)
-    rot = jnp.asarray(_BLOCK_ROT)[facing][:, None, None]
-    win = block
-    for k in range(1, 4):
-        win = jnp.where(rot == k, jnp.rot90(block, k, axes=(1, 2)), win)
-    # 2. Pack every layer into one bit field per cell, then expand the bits into the layer axis at once.
-    # 16-bit lanes: twice as many per vector instruction as int32 (at most 5 + 6 layers = 11 bits).
-    win = win.astype(jnp.uint16)
-    nb = len(bit_layers)
-    one = np.uint16(1)
-    packed = jnp.zeros_like(win)
-    for i, b in enumerate(bit_layers):
-        packed = packed | (((win >> np.uint16(b)) & one) << np.uint16(i))
-    centre = np.zeros((OBS_ROWS, OBS_COLS), np.uint16)
-    centre[OBS_SELF_CELL] = 1
-    agent = win >> np.uint16(AGENT_SHIFT)  # 0 none, else 1 + facing
-    other = (agent > 0) & (jnp.asarray(centre) == 0)
-    rel = (agent + np.uint16(3) - facing[:, None, None].astype(jnp.uint16)) & np.uint16(3)  # facing seen rotated
-    packed = packed | (jnp.asarray(centre) << np.uint16(nb)) | (other.astype(jnp.uint16) << np.uint16(nb + 1))
-    packed = packed | jnp.where(other, one << (rel + np.uint16(nb + 2)), np.uint16(0))
-    packed = jnp.where(alive[:, None, None], packed, np.uint16(0))
-    return ((packed[..., None] >> jnp.arange(nb + 6, dtype=jnp.uint16)) & one).astype(jnp.uint8)
+    rots = jnp.asarray(_BLOCK_ROT)[facing]
+    centre = jnp.asarray(_CENTRE_BIT)
+
+    # 1. Per agent, one table-row index per window cell: the window is an 11x11 block of the padded map
+    # (a slice), rotated to the agent's facing; index = code | facing << 8 | is-centre << 10 (2048 if
+    # removed). Built in a rolled loop so that the index array is materialised once: otherwise XLA:CPU
+    # fuses its whole computation into the table lookup and redoes it for every one of the C layers.
+    def one(a, idx):
+        block = jax.lax.dynamic_slice(padded, (origin[a, 0], origin[a, 1]), (OBS_ROWS, OBS_COLS))
+        win = block
+        for k in range(1, 4):
+            win = jnp.where(rots[a] == k, jnp.rot90(block, k), win)
+        row = jnp.where(alive[a], win.astype(jnp.int32) | (facing[a] << 8) | centre, 2048)
+        return jax.lax.dynamic_update_index_in_dim(idx, row.astype(jnp.uint16), a, 0)
+
+    n = pos.shape[0]
+    idx = jax.lax.fori_loop(0, n, one, jnp.zeros((n, OBS_ROWS, OBS_COLS), jnp.uint16))
+    # 2. Every layer of a cell from one table row.
+    return [table.at[idx[a]].get(mode="promise_in_bounds") for a in range(n)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -794,8 +836,9 @@ class MeltingPotEnv(MultiAgentEnv):
 
     def get_obs(self, state: MeltingPotState) -> dict[str, jax.Array]:
         """dict agent -> uint8[11, 11, C]; see :meth:`obs_array`."""
-        obs = self.obs_array(state)
-        return {a: obs[i] for i, a in enumerate(self.agents)}
+        code = self.cell_code_grid(state)
+        obs = egocentric_obs_list(code, state.pos, state.facing, state.alive, self.bit_layers)
+        return dict(zip(self.agents, obs))
 
     def ready_to_shoot(self, state: MeltingPotState) -> jax.Array:
         """float32[N] Melting Pot's ``READY_TO_SHOOT`` observation."""
