@@ -3,7 +3,8 @@
 For each game and each batch size, one jitted program runs ``steps`` environment steps of ``n_envs``
 vmapped environments under a uniform-random policy (``lax.scan``; the final observations and the
 summed rewards are returned so nothing is dead-code-eliminated). Compile time is excluded (one warm-up
-call); each figure is the mean ± std over ``reps`` timed calls, each ended by ``block_until_ready``.
+call); each figure is the mean ± std over ``reps`` timed calls, each ended by ``block_until_ready``;
+the subjects' calls are interleaved so that load changes hit every subject alike.
 An environment step is one joint action of all agents of one environment.
 
 Baseline, timed in the same process: JaxMARL 0.2.0's own ``OvercookedV2`` on ``asymm_advantages``
@@ -82,24 +83,37 @@ def make_random_rollout(env, n_envs: int, steps: int):
     return jax.jit(run)
 
 
-def time_env(env, n_envs: int, steps: int, reps: int, seed: int) -> dict:
-    """Times ``make_random_rollout``; returns steps/s mean and std (env steps = n_envs * steps per call)."""
-    run = make_random_rollout(env, n_envs, steps)
+def time_envs(envs: dict, n_envs: int, steps: int, reps: int, seed: int) -> dict[str, dict]:
+    """Times ``make_random_rollout`` for every env at one batch size, interleaving the subjects.
+
+    Each repetition times every subject once, back to back, so a change in machine load hits all
+    subjects alike and the ratios stay fair. Env steps per call = ``n_envs * steps``.
+
+    Returns:
+        ``{name: {"n_envs", "steps_per_s_mean", "steps_per_s_std", "first_call_s"}}``.
+    """
     key = jax.random.PRNGKey(seed)
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(key))
-    compile_s = time.perf_counter() - t0
-    rates = []
+    runs, first = {}, {}
+    for name, env in envs.items():
+        runs[name] = make_random_rollout(env, n_envs, steps)
+        t0 = time.perf_counter()
+        jax.block_until_ready(runs[name](key))
+        first[name] = time.perf_counter() - t0
+    rates: dict[str, list[float]] = {name: [] for name in envs}
     for r in range(reps):
         k = jax.random.fold_in(key, r + 1)
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(k))
-        rates.append(n_envs * steps / (time.perf_counter() - t0))
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(run(k))
+            rates[name].append(n_envs * steps / (time.perf_counter() - t0))
     return {
-        "n_envs": n_envs,
-        "steps_per_s_mean": float(np.mean(rates)),
-        "steps_per_s_std": float(np.std(rates, ddof=1)) if reps > 1 else 0.0,
-        "first_call_s": compile_s,
+        name: {
+            "n_envs": n_envs,
+            "steps_per_s_mean": float(np.mean(v)),
+            "steps_per_s_std": float(np.std(v, ddof=1)) if reps > 1 else 0.0,
+            "first_call_s": first[name],
+        }
+        for name, v in rates.items()
     }
 
 
@@ -133,16 +147,14 @@ def main(argv: list[str] | None = None) -> None:
         "seed": args.seed,
     }
     print(f"# envs benchmark  {meta}")
-    subjects = [(g, lambda g=g: envs_jax.make(g)) for g in args.games]
+    envs = {g: envs_jax.make(g) for g in args.games}
     if args.baseline:
-        subjects.append((BASELINE, _baseline_env))
-    results: dict[str, list[dict]] = {}
+        envs[BASELINE] = _baseline_env()
+    results: dict[str, list[dict]] = {name: [] for name in envs}
     t_start = time.perf_counter()
-    for name, factory in subjects:
-        env = factory()
-        results[name] = []
-        for n in args.n_envs:
-            row = time_env(env, n, args.steps, args.reps, args.seed)
+    for n in args.n_envs:
+        rows = time_envs(envs, n, args.steps, args.reps, args.seed)
+        for name, row in rows.items():
             results[name].append(row)
             print(f"{name:28s} n_envs={n:5d}  {row['steps_per_s_mean']:>12,.0f} ± {row['steps_per_s_std']:>9,.0f} "
                   f"steps/s   (first call {row['first_call_s']:.1f} s)", flush=True)
