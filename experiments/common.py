@@ -1,0 +1,525 @@
+"""Shared pipeline of ``python -m experiments.{cleanup,harvest,overcooked}``: config, presets, run directory.
+
+burn-in (``burnin/records.parquet``, ``burnin/burnin.json``) -> guards (``guards.jsonl``) -> PA-MAGRPO rounds
+(``checkpoints/``, ``metrics.jsonl``, ``decisions/round_XXXX.jsonl``) -> evaluation on seeds 10000.. (paper
+§6.1: 20 episodes, seeds disjoint from training) with the trained adapters and, if the budget allows, the frozen
+base on the same menu (``eval.json``, ``eval_traj.npz``, ``decisions/eval*.jsonl``) -> ``report.md``.
+
+Presets (:class:`RunConfig` constructors):
+
+- ``paper`` — §6.1: Cleanup / Harvest LoRA rank 32, lr 5e-5, K 4, temperature 0.7; Overcooked rank 16,
+  lr 2e-5, K 6, temperature 0.9, KL 0.05; clip 0.2, 2 epochs, grad clip 1.0; episodes of 150 (Cleanup) /
+  400 (Harvest, Overcooked) steps; full two-line responses sampled; 20 evaluation episodes. The paper does
+  not state the number of rounds: 100 is our choice. KL 0.05 is used for Cleanup / Harvest too (not stated).
+- ``cpu`` — the default without an accelerator: the same pipeline on a reduced budget meant to finish in
+  about 20 minutes on 2 CPU cores (15-step Melting Pot / 40-step Overcooked episodes, K 2, 2 rounds, 1 PPO
+  epoch, ``choice_only`` scoring, 2 evaluation episodes, 100 + 100 burn-in episodes, no update in rounds
+  without return spread). Says so in the console and in the report.
+- ``smoke`` — a few minutes, for tests (pair with ``--model tiny-random``).
+
+An existing run directory is never overwritten: pass ``--resume`` to continue it from its last complete
+checkpoint, or ``--force`` to delete it first. Bad input (unknown preset, game or layout, a model path without
+weights, a corrupt checkpoint on ``--resume``) fails before any compute with a message naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
+PRESETS = ("paper", "cpu", "smoke")
+MODES = ("sample", "choice_only")
+EVAL_SEED0 = 10000  # paper §6.1: 20 evaluation episodes, seeds disjoint from training
+PAPER_EVAL_EPISODES = 20
+EPISODE_STEPS = {"cleanup": 150, "harvest": 400, "overcooked_aa": 400, "overcooked_fc": 400}  # §6.1
+TINY_RANDOM = "tiny-random"
+
+
+class InputError(SystemExit):
+    """Bad command-line input, raised before any compute (exit status 2 with the message)."""
+
+    def __init__(self, msg: str):
+        super().__init__(f"error: {msg}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One training run (saved to ``config.json``)."""
+
+    # Game: cleanup, harvest, overcooked_aa, overcooked_fc.
+    game: str
+    # Preset the values came from: paper, cpu or smoke.
+    preset: str
+    # Run seed: training env seeds, LoRA init, sampling, update keys.
+    seed: int = 0
+    # --model: None = SmolLM2-135M-Instruct GGUF; a GGUF file or HF checkpoint dir; "tiny-random" (tests).
+    model: str | None = None
+    # Steps per episode (paper: 150 Cleanup, 400 Harvest and Overcooked).
+    episode_steps: int = 150
+    # PA-MAGRPO rounds.
+    rounds: int = 100
+    # [K] joint rollouts per round.
+    num_rollouts: int = 4
+    # Sampling temperature (no top-k / top-p).
+    temperature: float = 0.7
+    # LoRA rank (alpha = 2 * rank) on the attention projections.
+    lora_rank: int = 32
+    # AdamW learning rate.
+    learning_rate: float = 5e-5
+    # [beta] KL weight toward the frozen base.
+    kl_beta: float = 0.05
+    # [epsilon] PPO clip.
+    clip_eps: float = 0.2
+    # [E] PPO epochs per round.
+    epochs: int = 2
+    # Per-agent gradient-norm clip.
+    max_grad_norm: float = 1.0
+    # Decisions per forward/backward chunk in the update (memory only; 0 = all at once).
+    micro_batch: int = 8
+    # LLM scoring: "sample" (two-line response, paper) or "choice_only" (one forward, letter distribution).
+    mode: str = "sample"
+    # Longest sampled response ("sample" mode).
+    max_new_tokens: int = 12
+    # One adapter for all agents (Ablation B).
+    shared_adapter: bool = False
+    # Burn-in: this many solo plus this many joint episodes (uniform over the guardless menu).
+    burnin_episodes: int = 2000
+    # Burn-in episode length (None = episode_steps).
+    burnin_steps: int | None = None
+    # Evaluation episodes on seeds 10000, 10001, ...
+    eval_episodes: int = PAPER_EVAL_EPISODES
+    # Also evaluate the frozen base (adapters off) on the same menu.
+    eval_base: bool = True
+    # Skip the update of rounds whose returns have no spread (all advantages 0; saves CPU time).
+    skip_zero_advantage: bool = False
+
+    def __post_init__(self):
+        if self.game not in GAMES:
+            raise InputError(f"unknown game {self.game!r}; valid games: {', '.join(GAMES)}")
+        if self.preset not in PRESETS:
+            raise InputError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
+        if self.mode not in MODES:
+            raise InputError(f"unknown scoring mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        for name in ("episode_steps", "rounds", "num_rollouts", "lora_rank", "epochs", "eval_episodes",
+                     "burnin_episodes", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def reduced_budget(self) -> bool:
+        """Anything but the paper preset is a reduced budget (said in the console and the report)."""
+        return self.preset != "paper"
+
+    @property
+    def overcooked(self) -> bool:
+        return self.game.startswith("overcooked")
+
+    @classmethod
+    def paper(cls, game: str, **kw) -> "RunConfig":
+        """§6.1 hyper-parameters."""
+        if game.startswith("overcooked"):
+            base = dict(lora_rank=16, learning_rate=2e-5, num_rollouts=6, temperature=0.9, kl_beta=0.05)
+        else:
+            base = dict(lora_rank=32, learning_rate=5e-5, num_rollouts=4, temperature=0.7, kl_beta=0.05)
+        return cls(**{**dict(game=game, preset="paper", episode_steps=EPISODE_STEPS.get(game, 150), rounds=100,
+                             mode="sample", burnin_episodes=2000, eval_episodes=PAPER_EVAL_EPISODES), **base, **kw})
+
+    @classmethod
+    def cpu(cls, game: str, **kw) -> "RunConfig":
+        """The paper's optimiser settings on a budget for 2 CPU cores (~20 minutes)."""
+        # Measured on 2 shared cores with SmolLM2-135M: rollouts ~0.3-1 decision/s (7 agents x K rows per call),
+        # and an update costs ~8 forwards of each ~330-token decision (prepare + 1 epoch fwd/bwd + ...), so the
+        # budget is a few dozen decisions per round: 15-step Melting Pot episodes (7 agents), 40-step Overcooked.
+        p = cls.paper(game)
+        steps = 40 if game.startswith("overcooked") else 15
+        return dataclasses.replace(p, **{**dict(preset="cpu", episode_steps=steps, rounds=2, num_rollouts=2,
+                                                epochs=1, mode="choice_only", burnin_episodes=100, eval_episodes=2,
+                                                eval_base=True, skip_zero_advantage=True), **kw})
+
+    @classmethod
+    def smoke(cls, game: str, **kw) -> "RunConfig":
+        """A few minutes: tiny budget for the tests (use with ``--model tiny-random``)."""
+        p = cls.paper(game)
+        return dataclasses.replace(p, **{**dict(preset="smoke", episode_steps=12, rounds=2, num_rollouts=2,
+                                                lora_rank=2, learning_rate=1e-2, mode="sample", max_new_tokens=8,
+                                                burnin_episodes=8, eval_episodes=2, eval_base=True), **kw})
+
+    @classmethod
+    def from_preset(cls, preset: str, game: str, **kw) -> "RunConfig":
+        if preset not in PRESETS:
+            raise InputError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+        if game not in GAMES:
+            raise InputError(f"unknown game {game!r}; valid games: {', '.join(GAMES)}")
+        return getattr(cls, preset)(game, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------
+
+
+def default_preset() -> str:
+    """``cpu`` without an accelerator, else ``paper``."""
+    import jax
+
+    return "cpu" if jax.default_backend() == "cpu" else "paper"
+
+
+def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description="burn-in -> guards -> PA-MAGRPO -> evaluation -> report")
+    if layout:
+        ap.add_argument("--layout", default="aa", help="Overcooked layout: aa (Asymmetric Advantages) or fc "
+                                                       "(Forced Coordination)")
+    ap.add_argument("--preset", default=None, help="paper | cpu | smoke (default: cpu without an accelerator)")
+    ap.add_argument("--model", default=None, help="HF checkpoint dir or GGUF file (default: SmolLM2-135M-Instruct "
+                                                  "GGUF); 'tiny-random' for tests")
+    ap.add_argument("--out", default=None, help="run directory (default runs/<game>-<preset>-s<seed>)")
+    ap.add_argument("--seed", type=int, default=0, help="run seed")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    ap.add_argument("--force", action="store_true", help="delete an existing --out first")
+    ap.add_argument("--rounds", type=int, default=None, help="override the preset's rounds")
+    ap.add_argument("--episode-steps", type=int, default=None, help="override the preset's episode length")
+    ap.add_argument("--rollouts", type=int, default=None, help="override K")
+    ap.add_argument("--eval-episodes", type=int, default=None, help="override the evaluation episodes")
+    ap.add_argument("--mode", default=None, help="override the scoring mode: sample | choice_only")
+    ap.add_argument("--no-eval-base", action="store_true", help="skip the frozen-base evaluation")
+    return ap
+
+
+def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
+    preset = args.preset or default_preset()
+    kw = {"seed": args.seed, "model": args.model}
+    for flag, field in (("rounds", "rounds"), ("episode_steps", "episode_steps"), ("rollouts", "num_rollouts"),
+                        ("eval_episodes", "eval_episodes"), ("mode", "mode")):
+        if getattr(args, flag) is not None:
+            kw[field] = getattr(args, flag)
+    if args.no_eval_base:
+        kw["eval_base"] = False
+    return RunConfig.from_preset(preset, game, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checks before any compute
+# ---------------------------------------------------------------------------------------------------------
+
+
+def check_model(model: str | None) -> None:
+    """A model path must hold weights (GGUF file, or an HF dir with config.json and *.safetensors)."""
+    if model is None or model == TINY_RANDOM:
+        if model is None:
+            from lora import gguf_loader
+
+            try:
+                gguf_loader.default_gguf_path()
+            except FileNotFoundError as e:
+                raise InputError(str(e)) from None
+        return
+    p = Path(model)
+    if p.is_dir():
+        if not (p / "config.json").exists() or not any(p.glob("*.safetensors")):
+            raise InputError(f"model directory {model} has no weights (needs config.json and *.safetensors)")
+    elif p.is_file():
+        if p.suffix != ".gguf":
+            raise InputError(f"model file {model} is not a .gguf file")
+    else:
+        raise InputError(f"model path {model} does not exist")
+
+
+def check_checkpoint(run_dir: Path) -> int | None:
+    """The last complete checkpoint's round of ``run_dir`` (None if none), or InputError if it is unreadable."""
+    ck = run_dir / "checkpoints"
+    if not ck.exists():
+        return None
+    steps = sorted(int(d.name) for d in ck.iterdir() if d.is_dir() and d.name.isdigit())
+    if not steps:
+        return None
+    last = ck / str(steps[-1])
+    meta = last / "meta"
+    try:
+        files = list(meta.rglob("*")) if meta.exists() else []
+        data = [json.loads(f.read_text()) for f in files if f.is_file() and f.suffix in ("", ".json")
+                and f.stat().st_size < 1 << 20]
+        if not any(isinstance(d, dict) and "round" in d for d in data):
+            raise ValueError("no readable meta with the round number")
+        if not (last / "adapters").exists() or not (last / "opt_state").exists():
+            raise ValueError("adapters or opt_state missing")
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        raise InputError(f"checkpoint {last} is corrupt: {e}") from None
+    return steps[-1]
+
+
+def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool, force: bool) -> int | None:
+    """Validates ``out`` against ``--resume`` / ``--force`` (before any compute); returns the checkpoint round."""
+    exists = out.exists() and any(out.iterdir())
+    if resume and force:
+        raise InputError("--resume and --force exclude each other")
+    if resume:
+        if not exists:
+            raise InputError(f"--resume: run directory {out} does not exist")
+        conf = out / "config.json"
+        if not conf.exists():
+            raise InputError(f"--resume: {conf} is missing")
+        old = json.loads(conf.read_text())
+        if old.get("game") != cfg.game:
+            raise InputError(f"--resume: {out} is a {old.get('game')} run, not {cfg.game}")
+        return check_checkpoint(out)
+    if exists:
+        if not force:
+            raise InputError(f"run directory {out} exists; pass --resume to continue it or --force to overwrite it")
+        shutil.rmtree(out)
+    return None
+
+
+def check_library(game: str) -> None:
+    from jaxopt_marl import options
+
+    if not options.available(game):
+        try:
+            options.get_library(game)
+        except Exception as e:  # LibraryNotAvailable names the missing module
+            raise InputError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The pipeline
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _summary(values) -> dict:
+    import numpy as np
+
+    v = np.asarray(values, np.float64)
+    v = v[~np.isnan(v)]
+    return {"mean": float(v.mean()) if v.size else float("nan"),
+            "std": float(v.std(ddof=1)) if v.size > 1 else 0.0}
+
+
+def episode_metrics(game: str, res) -> list[dict]:
+    """Per-episode team return and behavioural metrics of a :class:`jaxopt_marl.rollout.RolloutResult`."""
+    import numpy as np
+
+    from jaxopt_marl import metrics
+
+    rew, alive = res.traj["rewards"], res.traj["alive"]
+    eff, eq, sus, pc = (metrics.efficiency(rew), metrics.equality(rew), metrics.sustainability(rew),
+                        metrics.peace(alive))
+    by_ep: dict[int, list] = {}
+    for t in res.traces:
+        by_ep.setdefault(t["rollout"], []).append(t)
+    out = []
+    for e in range(len(res.returns)):
+        tr = by_ep.get(e, [])
+        row = {"seed": tr[0]["seed"] if tr else None, "team_return": float(res.returns[e]),
+               "efficiency": float(eff[e]), "equality": float(eq[e]),
+               "sustainability": None if np.isnan(sus[e]) else float(sus[e]), "peace": float(pc[e]),
+               "decisions": len(tr), "parse_fail_rate": (sum(t["parse_fail"] for t in tr) / len(tr)) if tr else 0.0}
+        row.update({f"final_{k}": float(v[e]) for k, v in res.stats.items() if k != "team_return"})
+        out.append(row)
+    return out
+
+
+def _eval_block(game: str, res, seeds: list[int], label: str) -> dict:
+    eps = episode_metrics(game, res)
+    for e, s in zip(eps, seeds):
+        e["seed"] = s
+    keys = [k for k in eps[0] if k not in ("seed",)]
+    return {"policy": label, "seeds": seeds, "episodes": eps,
+            "summary": {k: _summary([e[k] if e[k] is not None else float("nan") for e in eps]) for k in keys},
+            "parse": res.parse.as_dict(), "seconds": res.seconds}
+
+
+def _minimal_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: dict) -> str:
+    lines = [f"# {cfg.game} run `{run_dir.name}`", ""]
+    if cfg.reduced_budget:
+        lines += [f"**Reduced budget (preset `{cfg.preset}`)**: {cfg.rounds} rounds of K={cfg.num_rollouts} "
+                  f"rollouts of {cfg.episode_steps} steps, scoring `{cfg.mode}`, {cfg.eval_episodes} evaluation "
+                  f"episodes. Not the paper's budget (§6.1); numbers are not comparable to the paper's.", ""]
+    lines += ["## Training", "", "| round | return mean | return std | decisions | parse fail | kl | clip frac | "
+              "decisions/s | round s |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in metrics_lines:
+        lines.append(f"| {m['round']} | {m['train/return_mean']:.2f} | {m['train/return_std']:.2f} | "
+                     f"{m['train/decisions']} | {m['train/parse_fail_rate']:.3f} | {m['train/kl']:.4f} | "
+                     f"{m['train/clip_frac']:.3f} | {m['perf/decisions_per_s']:.2f} | {m['perf/round_s']:.1f} |")
+    lines += ["", "## Evaluation", "", f"Seeds {ev['seeds'][0]}-{ev['seeds'][-1]}.", "",
+              "| policy | team return | efficiency | equality | peace | parse fail |", "|---|---|---|---|---|---|"]
+    for block in [ev["trained"]] + ([ev["base"]] if ev.get("base") else []):
+        s = block["summary"]
+        lines.append(f"| {block['policy']} | {s['team_return']['mean']:.2f} ± {s['team_return']['std']:.2f} | "
+                     f"{s['efficiency']['mean']:.3f} | {s['equality']['mean']:.3f} | {s['peace']['mean']:.2f} | "
+                     f"{s['parse_fail_rate']['mean']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: dict) -> str:
+    """``jaxopt_marl.report.write_report(run_dir)`` if that module exists, else a minimal ``report.md``."""
+    if importlib.util.find_spec("jaxopt_marl.report") is not None:
+        try:
+            from jaxopt_marl import report
+
+            report.write_report(run_dir)
+            if (run_dir / "report.md").exists():
+                if cfg.reduced_budget:
+                    text = (run_dir / "report.md").read_text()
+                    if "Reduced budget" not in text:
+                        (run_dir / "report.md").write_text(
+                            f"> **Reduced budget (preset `{cfg.preset}`)** — not the paper's §6.1 budget.\n\n" + text)
+                return "jaxopt_marl.report"
+        except Exception as e:  # the report module is written in parallel; never lose a finished run to it
+            print(f"warning: jaxopt_marl.report.write_report failed ({type(e).__name__}: {e}); "
+                  f"writing a minimal report", file=sys.stderr)
+    (run_dir / "report.md").write_text(_minimal_report(run_dir, cfg, metrics_lines, ev))
+    return "minimal"
+
+
+def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bool = False,
+        progress: bool = True) -> Path:
+    """Runs the whole pipeline into ``out``; returns the run directory."""
+    t_start = time.perf_counter()
+    out = Path(out or f"runs/{cfg.game}-{cfg.preset}-s{cfg.seed}")
+    # 0. Every check that needs no compute.
+    check_model(cfg.model)
+    check_library(cfg.game)
+    ckpt_round = prepare_run_dir(cfg, out, resume, force)
+
+    import jax
+    import numpy as np
+
+    # Compiled programs persist across runs (the 30-layer model compiles once per batch shape).
+    jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE",
+                                                                  str(Path("runs/.jax_cache").resolve())))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
+
+    import envs_jax
+    from jaxopt_marl import burnin, guards as G, magrpo, options, rollout, trainer
+    from jaxopt_marl.records import write_records
+    from lora import LoRAConfig
+
+    n_agents = 2 if cfg.overcooked else 7
+    print(f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} device={jax.devices()[0]} "
+          f"model={cfg.model or 'SmolLM2-135M-Instruct (GGUF)'} | out={out}")
+    print(f"  {cfg.rounds} rounds x K={cfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {n_agents} agents, "
+          f"scoring={cfg.mode}, T={cfg.temperature}, LoRA r={cfg.lora_rank}, lr={cfg.learning_rate}, "
+          f"KL={cfg.kl_beta}, clip={cfg.clip_eps}, epochs={cfg.epochs}")
+    print(f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
+          f"{' + frozen base' if cfg.eval_base else ''}")
+    if cfg.reduced_budget:
+        print(f"  NOTE: preset '{cfg.preset}' is a REDUCED BUDGET, not the paper's (§6.1); results are not "
+              f"comparable to the paper's numbers.")
+    if resume:
+        print(f"  resuming from checkpoint round {ckpt_round}" if ckpt_round else "  resuming: no checkpoint yet")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "reduced_budget": cfg.reduced_budget,
+                                                 "num_agents": n_agents, "eval_seed0": EVAL_SEED0}, indent=2) + "\n")
+
+    # 1. Burn-in and guards.
+    env = envs_jax.make(cfg.game, max_steps=cfg.episode_steps)
+    lib = options.get_library(cfg.game, env)
+    bdir = out / "burnin"
+    guard_path = out / "guards.jsonl"
+    if resume and (bdir / "burnin.json").exists() and guard_path.exists():
+        guards = G.load_guards(guard_path, lib.option_names, lib.vocab, reasons=lib.reasons)
+        print(f"burn-in: reusing {bdir} ({len(guards)} guards)")
+    else:
+        res = burnin.run_burnin(lib, env, cfg.burnin_episodes, cfg.burnin_episodes, seed=cfg.seed, chunk=100,
+                                num_steps=cfg.burnin_steps or cfg.episode_steps, progress=progress)
+        guards = burnin.synthesize(lib, res.codes)
+        bdir.mkdir(parents=True, exist_ok=True)
+        write_records(burnin.to_table(lib, res.codes), bdir / "records.parquet")
+        G.write_guards(guards, guard_path)
+        (bdir / "burnin.json").write_text(json.dumps({
+            "game": cfg.game, "episodes": res.episodes, "solo_episodes": res.solo_episodes,
+            "decisions": res.decisions, "seconds": round(res.seconds, 3),
+            "decisions_per_s": round(res.decisions_per_s, 1), "guards": len(guards), "seed": cfg.seed}, indent=2))
+        print(f"burn-in: {res.decisions} decisions in {res.seconds:.1f} s; {len(guards)} guards -> {guard_path}")
+    compiled = G.compile_guards(guards, lib.vocab)
+
+    # 2. Model, policy, trainer.
+    n_adapters = 1 if cfg.shared_adapter else n_agents
+    lcfg = LoRAConfig(num_adapters=n_adapters, rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank)
+    t0 = time.perf_counter()
+    model, tok = rollout.load_policy_model(cfg.model, lcfg, seed=cfg.seed)
+    print(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    pcfg = rollout.PolicyConfig(mode=cfg.mode, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                                shared_adapter=cfg.shared_adapter)
+    policy = rollout.LLMPolicy(model, tok, cfg.game, pcfg)
+    roller = rollout.Roller(cfg.game, env, lib, compiled, policy, menu_seed=cfg.seed)
+    mcfg = magrpo.MAGRPOConfig(num_rollouts=cfg.num_rollouts, temperature=cfg.temperature, clip_eps=cfg.clip_eps,
+                               kl_beta=cfg.kl_beta, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+                               max_grad_norm=cfg.max_grad_norm, micro_batch=cfg.micro_batch,
+                               shared_adapter=cfg.shared_adapter)
+    tr = trainer.Trainer(out, roller, mcfg, trainer.TrainConfig(rounds=cfg.rounds, seed=cfg.seed,
+                                                                skip_zero_advantage=cfg.skip_zero_advantage))
+    if resume:
+        try:
+            done = tr.restore()
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        print(f"restored {done} completed rounds")
+
+    # 3. Training.
+    def show(m):
+        print(f"round {m['round']}: return {m['train/return_mean']:.2f} ± {m['train/return_std']:.2f} "
+              f"({m['train/decisions']} decisions, parse fail {m['train/parse_fail_rate']:.2f}, "
+              f"kl {m['train/kl']:.4f}, clip {m['train/clip_frac']:.2f}, {m['perf/decisions_per_s']:.2f} dec/s, "
+              f"{m['perf/round_s']:.0f} s{'' if m['train/updated'] else ', no update: no return spread'})")
+
+    tr.train(progress=progress, on_round=show)
+    metrics_lines = trainer.read_metrics(out / "metrics.jsonl")
+
+    # 4. Evaluation on held-out seeds: trained adapters, then the frozen base on the same menus.
+    seeds = list(range(EVAL_SEED0, EVAL_SEED0 + cfg.eval_episodes))
+    eval_key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 10 ** 6)
+    ev_res = roller.collect(seeds, eval_key, round_idx=-1, progress=progress, desc="eval trained")
+    trainer._write_jsonl(out / "decisions" / "eval.jsonl", ev_res.traces)
+    ev = {"game": cfg.game, "preset": cfg.preset, "reduced_budget": cfg.reduced_budget, "seeds": seeds,
+          "checkpoint_round": tr.state.round, "checkpoint_rule": "final adapters (last round)",
+          "trained": _eval_block(cfg.game, ev_res, seeds, "trained")}
+    arrays = {k: v for k, v in ev_res.traj.items()}
+    if cfg.eval_base:
+        base_res = roller.collect(seeds, eval_key, round_idx=-1, reference=True, progress=progress,
+                                  desc="eval frozen base")
+        trainer._write_jsonl(out / "decisions" / "eval_base.jsonl", base_res.traces)
+        ev["base"] = _eval_block(cfg.game, base_res, seeds, "frozen_base")
+        arrays.update({f"base_{k}": v for k, v in base_res.traj.items()})
+    else:
+        ev["base"] = None
+    # Convenience aliases for the audits (episodes E, steps T, agents N).
+    ev["episodes"] = ev["trained"]["episodes"]
+    ev["summary"] = ev["trained"]["summary"]
+    (out / "eval.json").write_text(json.dumps(ev, indent=2) + "\n")
+    np.savez_compressed(out / "eval_traj.npz", seeds=np.asarray(seeds, np.int32),
+                        option_names=np.asarray(lib.option_names), **arrays)
+
+    # 5. Report.
+    how = write_report(out, cfg, metrics_lines, ev)
+    s = ev["trained"]["summary"]["team_return"]
+    print(f"eval trained: team return {s['mean']:.2f} ± {s['std']:.2f}" + (
+        f"; frozen base {ev['base']['summary']['team_return']['mean']:.2f} ± "
+        f"{ev['base']['summary']['team_return']['std']:.2f}" if ev["base"] else ""))
+    print(f"total wall time {time.perf_counter() - t_start:.0f} s")
+    for f in ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
+              "checkpoints/", "decisions/", "eval.json", "eval_traj.npz", "report.md"):
+        print(f"wrote {out / f}" + (" (report: " + how + ")" if f == "report.md" else ""))
+    return out
+
+
+def main(game: str | None, argv: list[str] | None = None, prog: str = "experiments") -> Path:
+    """Parse, print, run. ``game=None`` means Overcooked with ``--layout``."""
+    ap = build_parser(prog, layout=game is None)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if game is None:
+        if args.layout not in ("aa", "fc"):
+            raise InputError(f"unknown layout {args.layout!r}; valid layouts: aa, fc")
+        game = f"overcooked_{args.layout}"
+    if args.preset is not None and args.preset not in PRESETS:
+        raise InputError(f"unknown preset {args.preset!r}; valid presets: {', '.join(PRESETS)}")
+    cfg = config_from_args(game, args)
+    return run(cfg, Path(args.out) if args.out else None, resume=args.resume, force=args.force)

@@ -1,0 +1,11 @@
+"""``python -m experiments.harvest``: PA-MAGRPO on Commons Harvest (7 agents, 400-step episodes) (paper §5-§6).
+
+burn-in -> guards -> per-agent LoRA training -> evaluation on seeds 10000.. (trained adapters and the frozen base)
+-> report, into ``runs/<name>/`` (see :mod:`experiments.common` for presets, flags and the run directory).
+Default without an accelerator: ``--preset cpu`` (a reduced budget, said so in the output).
+"""
+
+from experiments.common import main
+
+if __name__ == "__main__":
+    main("harvest", prog="python -m experiments.harvest")

@@ -1,0 +1,553 @@
+"""The LLM option policy and batched joint rollouts over the option menu (paper §5.1-§5.2, Algorithm 1 steps 2-4).
+
+One call of :func:`collect` plays K joint episodes side by side:
+
+1. a jitted advance (:func:`make_advance`) steps every env until it has an agent at a decision point (or the
+   episode ended), recording per-step positions, rewards, liveness and running options;
+2. the host builds every deciding agent's menu (:func:`jaxopt_marl.menus.make_menu_fn`, letters shuffled with
+   the episode-seeded :func:`jaxopt_marl.menus.decision_key`) and prompt (:mod:`jaxopt_marl.prompts`);
+3. ONE batched LLM call (:meth:`LLMPolicy.decide`) serves every agent of every rollout needing a decision;
+   rows carry the agent id, so each row runs its own stacked adapter (shared-adapter mode: adapter 0;
+   reference policy: adapters off);
+4. responses are parsed (:func:`jaxopt_marl.parsing.parse_response`); the chosen instances start
+   (:func:`jaxopt_marl.macro.make_begin_batch`). A parse failure or an absent letter is counted and the agent
+   waits: the ``wait`` option if the library has one on the menu, else one env step of the idle action.
+
+Scoring modes (:class:`PolicyConfig.mode`):
+
+- ``sample`` (paper): sample the whole response (``state: ...`` / ``choice: X``) at the configured
+  temperature (no top-k / top-p) with a KV cache; the system prompt's K/V is computed once per adapter.
+- ``choice_only`` (fast, CPU): one forward per decision over the prompt plus the fixed response prefix
+  ``state: <label>\\nchoice:`` (label from :func:`jaxopt_marl.prompts.state_label`); the letter is sampled
+  from the model's next-token distribution restricted to the menu letters (tokens `` A``, `` B``, ...) at the
+  temperature. Never a parse failure. The trained "response" is the single letter token.
+
+Log-probs for training (theta_old and the reference) are NOT taken from the sampler: the trainer scores the
+exact (prompt, response) token rows with :attr:`jaxopt_marl.train_step.TrainStep.prepare`, the same program
+the update differentiates, so the first-epoch ratio is exactly 1. Those log-probs are untempered (the
+update optimises the untempered policy; sampling uses the temperature) — the convention of
+:mod:`jaxopt_marl.train_step`.
+
+Every decision is traced (round, rollout, seed, step, aid, prompt, menu, response, parsed choice, parse
+outcome, option, target, outcome) for ``runs/<name>/decisions/round_XXXX.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxopt_marl import macro, menus, parsing, prompts
+from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
+from lora import sampling
+from lora.tokenizer import render_chat
+
+MODES = ("sample", "choice_only")
+# Prompt columns are padded to a multiple of this (bounds the number of compiled shapes).
+LENGTH_BUCKET = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    """How the LLM turns a prompt into a menu letter."""
+
+    # "sample" (whole two-line response, paper) or "choice_only" (one forward, letter distribution).
+    mode: str = "sample"
+    # Sampling temperature (paper: 0.7 Cleanup / Harvest, 0.9 Overcooked); no top-k / top-p.
+    temperature: float = 0.7
+    # Longest sampled response in tokens ("sample" mode).
+    max_new_tokens: int = 12
+    # One adapter for every agent (Ablation B) instead of adapter i for agent i.
+    shared_adapter: bool = False
+    # Run the shared system prompt once per adapter and reuse its KV cache.
+    prefix_cache: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown scoring mode {self.mode!r}; known: {', '.join(MODES)}")
+        if self.temperature < 0 or self.max_new_tokens < 1:
+            raise ValueError(f"temperature must be >= 0 and max_new_tokens >= 1, got {self.temperature}, "
+                             f"{self.max_new_tokens}")
+
+    @property
+    def response_len(self) -> int:
+        """Response columns of a packed decision."""
+        return 1 if self.mode == "choice_only" else self.max_new_tokens
+
+
+@dataclasses.dataclass
+class Decision:
+    """One LLM decision: token rows for training and the text for the trace."""
+
+    prompt_ids: list
+    response_ids: list
+    text: str
+    logp: float
+
+
+def _bucket(n: int, q: int) -> int:
+    return max(q, -(-n // q) * q)
+
+
+def _rows_bucket(n: int) -> int:
+    """Batch rows: powers of two up to 16, then multiples of 16 (few compiled shapes, little padding)."""
+    return 1 << max(0, (n - 1).bit_length()) if n <= 16 else -(-n // 16) * 16
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _letter_logprobs(graphdef, state, ids, mask, agent_ids, cache, letter_ids):
+    """Next-token log-probs of the candidate letter tokens after each left-padded row: float32[B, L]."""
+    model = nnx.merge(graphdef, state)
+    if cache is None:
+        h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids)
+    else:
+        cache = cache.grow(cache.size + ids.shape[1])
+        h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache)
+    logp = jax.nn.log_softmax(model.logits(h[:, -1]), axis=-1)
+    return logp[:, letter_ids]
+
+
+class LLMPolicy:
+    """The frozen LLM with per-agent adapters as an option policy over lettered menus.
+
+    Args:
+        model: a :class:`lora.Decoder` with ``num_adapters`` = N agents (or 1 with ``shared_adapter``).
+        tokenizer: its tokenizer (with a chat template).
+        game: game name (system message).
+        cfg: :class:`PolicyConfig`.
+    """
+
+    def __init__(self, model, tokenizer, game: str, cfg: PolicyConfig):
+        self.model, self.tok, self.game, self.cfg = model, tokenizer, game, cfg
+        self.graphdef, self.state = nnx.split(model)
+        self.system = prompts.system_message(game)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        eos = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
+        self.eos_ids = tuple(sorted(int(e) for e in eos if e is not None and e >= 0))
+        # Shared prefix: the rendered system turn (only if the full render starts with it).
+        sys_text = render_chat(tokenizer, [{"role": "system", "content": self.system}],
+                               add_generation_prompt=False)
+        probe = render_chat(tokenizer, [{"role": "system", "content": self.system},
+                                        {"role": "user", "content": "x"}])
+        self.prefix_text = sys_text if probe.startswith(sys_text) else ""
+        self.prefix_ids = self._encode([self.prefix_text])[0] if self.prefix_text else []
+        # " A" .. " Z": the letter tokens after "choice:" (first token if a letter splits).
+        self.letter_ids = np.array([self._encode([f" {c}"])[0][0] for c in menus.LETTERS], np.int32)
+        self._caches: dict = {}
+
+    # -- adapters ---------------------------------------------------------------------------------------
+
+    def set_adapters(self, adapters) -> None:
+        """Loads new adapter values (after an update); drops cached prefixes."""
+        nnx.update(self.model, adapters)
+        self.graphdef, self.state = nnx.split(self.model)
+        self._caches = {}
+
+    def adapter_ids(self, aids: np.ndarray, reference: bool) -> np.ndarray:
+        """Adapter row per agent id: the agent's own, 0 (shared), or -1 (reference: adapters off)."""
+        aids = np.asarray(aids, np.int32)
+        if reference:
+            return np.full_like(aids, -1)
+        return np.zeros_like(aids) if self.cfg.shared_adapter else aids
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        return [list(x) for x in self.tok(texts, add_special_tokens=False)["input_ids"]]
+
+    def _prefix_cache(self, rows: np.ndarray, extra: int):
+        """KV cache of the system prefix for each row's adapter id (computed once per adapter set)."""
+        if not (self.cfg.prefix_cache and self.prefix_ids):
+            return None
+        ids = np.unique(rows)
+        key = tuple(ids.tolist())
+        if key not in self._caches:
+            cache = sampling.prefill_prefix_per_agent(self.graphdef, self.state,
+                                                      jnp.asarray([self.prefix_ids], jnp.int32),
+                                                      jnp.asarray(ids, jnp.int32))
+            self._caches = {key: (cache, ids)}
+        cache, ids = self._caches[key]
+        return sampling.gather_cache_rows(cache, jnp.asarray(np.searchsorted(ids, rows), jnp.int32))
+
+    # -- prompts ----------------------------------------------------------------------------------------
+
+    def prompt_texts(self, user: str, label: str) -> tuple[str, str]:
+        """(full chat prompt, response prefix) for one decision."""
+        full = render_chat(self.tok, [{"role": "system", "content": self.system},
+                                      {"role": "user", "content": user}])
+        prefix = f"state: {label}\nchoice:" if self.cfg.mode == "choice_only" else ""
+        return full, prefix
+
+    # -- the batched call ---------------------------------------------------------------------------------
+
+    def decide(self, users: list[str], labels: list[str], aids: np.ndarray, n_letters: list[int],
+               key: jax.Array, reference: bool = False) -> list[Decision]:
+        """One batched LLM call for every row (one row = one agent's decision).
+
+        Args:
+            users: user messages.
+            labels: state labels (the ``choice_only`` response prefix).
+            aids: int[R] acting agent of each row.
+            n_letters: menu size of each row (``choice_only`` restricts sampling to these letters).
+            key: sampling key.
+            reference: adapters off (the frozen base policy).
+
+        Returns:
+            One :class:`Decision` per row, with ``prompt_ids`` = system + user (+ response prefix) tokens.
+        """
+        r = len(users)
+        fulls = [self.prompt_texts(u, lab) for u, lab in zip(users, labels)]
+        p = len(self.prefix_text)
+        use_prefix = self.cfg.prefix_cache and bool(self.prefix_ids)
+        suffix = self._encode([f[p:] + pre for f, pre in fulls])
+        prompt_ids = [self.prefix_ids + s for s in suffix]
+        rows_in = suffix if use_prefix else prompt_ids
+        tp = _bucket(max(len(s) for s in rows_in), LENGTH_BUCKET)
+        b = _rows_bucket(r)
+        ids = np.full((b, tp), self.pad_id, np.int32)
+        mask = np.zeros((b, tp), bool)
+        for i, s in enumerate(rows_in):
+            ids[i, tp - len(s):] = s
+            mask[i, tp - len(s):] = True
+        rows = np.zeros((b,), np.int32)
+        rows[:r] = self.adapter_ids(aids, reference)
+        if reference:
+            rows[r:] = -1
+        cache = self._prefix_cache(rows, tp) if use_prefix else None
+        agent_ids = jnp.asarray(rows)
+        out = []
+        if self.cfg.mode == "choice_only":
+            lp = np.asarray(_letter_logprobs(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask),
+                                             agent_ids, cache, jnp.asarray(self.letter_ids)))
+            u = np.asarray(jax.random.uniform(key, (b,)))
+            for i in range(r):
+                n = max(1, int(n_letters[i]))
+                logits = lp[i, :n] / max(self.cfg.temperature, 1e-6)
+                if self.cfg.temperature <= 0:
+                    j = int(np.argmax(logits))
+                else:
+                    q = np.exp(logits - logits.max())
+                    q /= q.sum()
+                    j = int(min(np.searchsorted(np.cumsum(q), u[i] * q.sum()), n - 1))
+                letter = menus.LETTERS[j]
+                out.append(Decision(prompt_ids=prompt_ids[i], response_ids=[int(self.letter_ids[j])],
+                                    text=f"{fulls[i][1]} {letter}", logp=float(lp[i, j])))
+            return out
+        gen = sampling.generate(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask), key, agent_ids,
+                                jnp.float32(self.cfg.temperature), cache,
+                                max_new_tokens=self.cfg.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id)
+        toks, lps, live = (np.asarray(x) for x in (gen.tokens, gen.logprobs, gen.mask))
+        for i in range(r):
+            resp = [int(t) for t in toks[i][live[i]]] or [int(toks[i, 0])]
+            text = self.tok.decode([t for t in resp if t not in self.eos_ids], skip_special_tokens=True)
+            out.append(Decision(prompt_ids=prompt_ids[i], response_ids=resp, text=text,
+                                logp=float(lps[i][live[i]].sum())))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Jitted advance with per-step trajectories
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _agent_view(game: str, state):
+    """(pos int32[N, 2] (row, col), alive bool[N]) of one env."""
+    if prompts.family(game) == "overcooked":
+        from envs_jax import overcooked as oc
+
+        pos = oc.agent_positions(state)
+        return pos, jnp.ones((pos.shape[0],), bool)
+    return state.pos, state.alive
+
+
+def _step_rewards(game: str, pre, post, n: int) -> jax.Array:
+    """float32[N] unshaped rewards of one env step (Overcooked: DELIVERY_REWARD per delivery, shared)."""
+    if prompts.family(game) == "overcooked":
+        from envs_jax.overcooked import DELIVERY_REWARD
+
+        return jnp.full((n,), (post.deliveries - pre.deliveries) * DELIVERY_REWARD, jnp.float32)
+    return post.ate.astype(jnp.float32)
+
+
+def team_return(game: str, state) -> jax.Array:
+    """The paper's team return so far: apples eaten (Melting Pot) or soups delivered (Overcooked)."""
+    if prompts.family(game) == "overcooked":
+        return state.deliveries.astype(jnp.float32)
+    return jnp.sum(state.apples_total).astype(jnp.float32)
+
+
+@dataclasses.dataclass
+class Traj:
+    """Per-step trajectory buffers of a batch (host copy at the end)."""
+
+    positions: Any  # int32[B, T, N, 2] (row, col)
+    rewards: Any  # float32[B, T, N]
+    alive: Any  # bool[B, T, N]
+    options: Any  # int32[B, T, N] running option id (-1 idle)
+
+
+def make_advance(lib, env, game: str, steps: int):
+    """Jitted ``fn(ms [B], traj, key, force bool[B]) -> (ms, traj, need bool[B, A], rec Rec[B, A])``.
+
+    Like :func:`jaxopt_marl.macro.make_advance_to_decision` (advance until an agent is at a decision point or
+    the episode ended) plus: per-step trajectory buffers ``traj`` (dict of ``[B, T, ...]``), and ``force``:
+    take at least one step even though an agent is waiting for a decision (an agent that could not start an
+    option waits one idle step instead of being asked again at the same state).
+    """
+    n = lib.num_agents
+
+    def one(ms, tr, key, force):
+        def cond(c):
+            m, _, i, _ = c
+            first = (i == 0) & force
+            return (first | ~macro.needs_decision(lib, m).any()) & ~m.env.done
+
+        def body(c):
+            m, tr, i, _ = c
+            pre = m.env
+            t = jnp.clip(pre.step, 0, steps - 1)
+            running = jnp.where(m.slots.active, m.slots.opt, -1)
+            m, rec = macro.advance(lib, env, m, jax.random.fold_in(key, pre.step))
+            pos, alive = _agent_view(game, m.env)
+            tr = dict(positions=tr["positions"].at[t].set(pos.astype(jnp.int32)),
+                      rewards=tr["rewards"].at[t].set(_step_rewards(game, pre, m.env, n)),
+                      alive=tr["alive"].at[t].set(alive), options=tr["options"].at[t].set(running))
+            return m, tr, i + 1, rec
+
+        ms, tr, _, rec = jax.lax.while_loop(cond, body, (ms, tr, jnp.int32(0), macro._empty_rec(lib)))
+        return ms, tr, macro.needs_decision(lib, ms), rec
+
+    @jax.jit
+    def fn(ms, tr, key, force):
+        keys = jax.random.split(key, ms.acting.shape[0])
+        return jax.vmap(one)(ms, tr, keys, force)
+
+    return fn
+
+
+def empty_traj(batch: int, steps: int, n: int) -> dict:
+    return dict(positions=jnp.full((batch, steps, n, 2), -1, jnp.int32),
+                rewards=jnp.zeros((batch, steps, n), jnp.float32),
+                alive=jnp.zeros((batch, steps, n), bool), options=jnp.full((batch, steps, n), -1, jnp.int32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rollouts
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    """What :func:`collect` returns.
+
+    Attributes:
+        returns: float32[K] team return per rollout (unshaped: apples eaten / soups delivered).
+        decisions: per decision ``(rollout k, aid, Decision)`` (LLM decisions only).
+        traces: one dict per decision (JSON-ready).
+        parse: parse outcome counts.
+        traj: host trajectories (``positions``, ``rewards``, ``alive``, ``options``), ``[K, T, ...]``.
+        stats: world stats per rollout at the end (dict of float32[K]).
+        seconds: wall time; ``llm_seconds``: of which in LLM calls.
+    """
+
+    returns: np.ndarray
+    decisions: list
+    traces: list
+    parse: parsing.ParseStats
+    traj: dict
+    stats: dict
+    seconds: float
+    llm_seconds: float
+
+    @property
+    def num_decisions(self) -> int:
+        return len(self.traces)
+
+
+class Roller:
+    """Compiled pieces for one (game, library, guards, policy): call :meth:`collect` per round.
+
+    Args:
+        game: game name; env: the environment; lib: its option library; guards: ``CompiledGuards``;
+        policy: :class:`LLMPolicy`; menu_seed: run seed mixed into the letter-shuffle keys.
+    """
+
+    def __init__(self, game: str, env, lib, guards, policy: LLMPolicy, menu_seed: int = 0):
+        self.game, self.env, self.lib, self.policy = game, env, lib, policy
+        self.steps = int(env.max_steps)
+        self.n = lib.num_agents
+        self.menu_seed = int(menu_seed)
+        self.advance = make_advance(lib, env, game, self.steps)
+        self.begin = macro.make_begin_batch(lib)
+        self.menu_fn = menus.make_menu_fn(lib, guards)
+        self.snapshot = prompts.make_snapshot_fn(game, env)
+        self.wait_id = lib.option_names.index("wait") if "wait" in lib.option_names else -1
+        n = self.n
+        init_one = lambda k: macro.init(lib, env, k, jnp.ones((n,), bool), jnp.bool_(False))
+        self.init = jax.jit(jax.vmap(init_one))
+        dk = lambda ep, aid, d: menus.decision_key(self.menu_seed, ep, aid, d)
+        self.keys_fn = jax.jit(jax.vmap(jax.vmap(dk, (None, 0, 0)), (0, None, 0)))
+        self.stats_fn = jax.jit(jax.vmap(lambda s: {**env.world_stats(s), "team_return": team_return(game, s)}))
+
+    def collect(self, seeds: list[int], key: jax.Array, *, round_idx: int = 0, reference: bool = False,
+                progress: bool = False, desc: str = "rollouts") -> RolloutResult:
+        """Plays ``len(seeds)`` joint episodes (reset key ``PRNGKey(seed)``) to the end.
+
+        Args:
+            seeds: env seeds, one per rollout (also the episode id of the letter-shuffle keys).
+            key: randomness of the env steps and the LLM sampling.
+            round_idx: recorded in the traces.
+            reference: play the frozen base (adapters off) instead of the adapters.
+            progress: tqdm bar over env steps.
+        """
+        t_start = time.perf_counter()
+        lib, n, k_roll = self.lib, self.n, len(seeds)
+        ms = self.init(jnp.stack([jax.random.PRNGKey(int(s)) for s in seeds]))
+        traj = empty_traj(k_roll, self.steps, n)
+        ndec = np.zeros((k_roll, n), np.int32)
+        mem = [[prompts.Memory() for _ in range(n)] for _ in range(k_roll)]
+        pending: dict[tuple[int, int], int] = {}
+        traces, decisions = [], []
+        stats = parsing.ParseStats()
+        force = np.zeros((k_roll,), bool)
+        k_env, k_llm = jax.random.split(key)
+        llm_s = 0.0
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.steps, desc=desc, unit="step", leave=False)
+        it = 0
+        seeds_arr = jnp.asarray(np.asarray(seeds, np.int32))
+        while True:
+            ms, traj, need, rec = self.advance(ms, traj, jax.random.fold_in(k_env, it), jnp.asarray(force))
+            self._outcomes(rec, pending, traces)
+            need = np.asarray(need)
+            done = np.asarray(ms.env.done)
+            if bar is not None:
+                bar.n = int(np.asarray(ms.env.step).min())
+                bar.refresh()
+            if not need.any() or done.all():
+                break
+            # 1. Menus and prompts for every deciding agent.
+            menu = self.menu_fn(ms.env, self.keys_fn(seeds_arr, jnp.arange(n, dtype=jnp.int32), jnp.asarray(ndec)))
+            m_opt, m_tgt, m_let = (np.asarray(x) for x in (menu.inst.opt, menu.inst.target, menu.letters))
+            snap = self.snapshot(ms.env)
+            rows = [(b, a) for b in range(k_roll) for a in range(n) if need[b, a]]
+            users, labels, n_let, menus_txt = [], [], [], []
+            for b, a in rows:
+                sb = prompts.take(snap, b)
+                text = menus.render_menu(lib, m_opt[b, a], m_tgt[b, a], m_let[b, a])
+                users.append(prompts.user_message(self.game, sb, a, text, self.steps, mem[b][a], lib))
+                labels.append(prompts.state_label(self.game, sb, a))
+                n_let.append(int((m_let[b, a] >= 0).sum()))
+                menus_txt.append(text)
+            # 2. One batched LLM call.
+            t0 = time.perf_counter()
+            outs = self.policy.decide(users, labels, np.array([a for _, a in rows]), n_let,
+                                      jax.random.fold_in(k_llm, it), reference=reference)
+            llm_s += time.perf_counter() - t0
+            # 3. Parse, choose, trace.
+            choice = np.full((k_roll, n), -1, np.int32)
+            for (b, a), d, text, n_l, user in zip(rows, outs, menus_txt, n_let, users):
+                res = parsing.parse_response(d.text, menus.LETTERS[:n_l])
+                stats.add(res)
+                inst = -1
+                if res.ok:
+                    inst = menus.parse_choice(m_let[b, a], res.letter)
+                if inst < 0 and self.wait_id >= 0:
+                    waits = np.flatnonzero((m_opt[b, a] == self.wait_id) & (m_let[b, a] >= 0))
+                    inst = int(waits[0]) if waits.size else -1
+                choice[b, a] = inst
+                opt_name = lib.option_names[int(m_opt[b, a, inst])] if inst >= 0 else "idle"
+                tgt = m_tgt[b, a, inst] if inst >= 0 else np.array([-1, -1])
+                team = float(snap["team"][b])
+                mem[b][a].remember(opt_name, team)
+                pending[(b, a)] = len(traces)
+                traces.append(dict(round=int(round_idx), rollout=b, seed=int(seeds[b]), step=int(snap["step"][b]),
+                                   aid=int(a), prompt=user, menu=text.split("\n")[1:], response=d.text,
+                                   choice=res.letter, parse=res.reason, parse_fail=not res.ok, option=opt_name,
+                                   target=None if tgt[0] < 0 else [int(tgt[1]), int(tgt[0])],
+                                   outcome="idle" if inst < 0 else "running", logp=d.logp,
+                                   reference=bool(reference)))
+                decisions.append((b, a, d))
+                ndec[b, a] += 1
+            ms, rec_fail = self.begin(ms, jnp.asarray(choice))
+            self._outcomes(rec_fail, pending, traces)
+            # Agents left without an option (parse failure, no wait option) idle for one step.
+            force = ((choice < 0) & need).any(axis=1)
+            it += 1
+        if bar is not None:
+            bar.close()
+        for idx in pending.values():
+            if traces[idx]["outcome"] == "running":
+                traces[idx]["outcome"] = "episode_end"
+        st = {k: np.asarray(v) for k, v in self.stats_fn(ms.env).items()}
+        host_traj = {k: np.asarray(v) for k, v in traj.items()}
+        return RolloutResult(returns=st["team_return"].astype(np.float32), decisions=decisions, traces=traces,
+                             parse=stats, traj=host_traj, stats=st, seconds=time.perf_counter() - t_start,
+                             llm_seconds=llm_s)
+
+    def _outcomes(self, rec, pending: dict, traces: list) -> None:
+        """Writes finished options' outcomes into their decisions' traces."""
+        valid = np.asarray(rec.valid)
+        if not valid.any():
+            return
+        outcome = np.asarray(rec.outcome)
+        for b, a in zip(*np.nonzero(valid)):
+            idx = pending.pop((int(b), int(a)), None)
+            if idx is None:
+                continue
+            o = int(outcome[b, a])
+            traces[idx]["outcome"] = ("success" if o == OUTCOME_SUCCESS else "effect_fail"
+                                      if o == OUTCOME_EFFECT_FAIL else
+                                      f"explicit:{self.lib.reasons[o - OUTCOME_EXPLICIT_BASE]}")
+
+
+__all__ = ["Decision", "LLMPolicy", "MODES", "PolicyConfig", "Roller", "RolloutResult", "empty_traj",
+           "make_advance", "team_return"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------
+
+#: ``--model`` value of the tiny random decoder used by tests (SmolLM2's tokenizer, 2 random layers).
+TINY_RANDOM = "tiny-random"
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer from the default GGUF's metadata only (no weights are dequantised)."""
+    import gguf
+
+    from lora import gguf_loader
+    from lora.tokenizer import tokenizer_from_gguf_fields
+
+    path = gguf_loader.default_gguf_path()
+    reader = gguf.GGUFReader(path)
+    meta = {k: gguf_loader._field_value(f) for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    return tokenizer_from_gguf_fields(meta, path)
+
+
+def load_policy_model(spec: str | None, lora_cfg, seed: int = 0):
+    """``(model, tokenizer)`` for ``--model``: None = SmolLM2 GGUF, a path (GGUF or HF dir), or ``tiny-random``.
+
+    ``tiny-random`` is a 2-layer random decoder (``lora.ModelConfig.tiny``) on SmolLM2's tokenizer: tests only.
+    """
+    import lora
+
+    if spec == TINY_RANDOM:
+        tok = smollm2_tokenizer()
+        cfg = lora.ModelConfig.tiny(vocab_size=len(tok))
+        model = lora.Decoder(cfg, lora_cfg, rngs=nnx.Rngs(seed))
+        return model, tok
+    return lora.load_model(spec, lora=lora_cfg, seed=seed)
+
+
+__all__ += ["TINY_RANDOM", "load_policy_model", "smollm2_tokenizer"]

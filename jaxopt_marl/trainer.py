@@ -1,0 +1,240 @@
+"""PA-MAGRPO training rounds (paper §5.2, Algorithm 1): rollouts -> team returns -> advantages -> update -> checkpoint.
+
+One round ``r``:
+
+1. K joint rollouts under the current adapters (:meth:`jaxopt_marl.rollout.Roller.collect`) on the training env
+   seeds :func:`train_seeds` (disjoint from the evaluation seeds 10000-10019);
+2. team return R_k per rollout (apples eaten / soups delivered, unshaped) and the group-relative advantage
+   (R_k - mean) / std, shared by every decision of rollout k (:mod:`jaxopt_marl.magrpo`);
+3. every decision becomes one token row (prompt + sampled response, :func:`jaxopt_marl.train_step.pack_decisions`);
+   theta_old and reference log-probs are scored by the update's own program (``TrainStep.prepare``), then E
+   epochs of per-agent PPO-clip + KL (``TrainStep.update``) change each agent's adapter on its own decisions;
+4. adapters, optimizer state and the round number are checkpointed atomically (:mod:`lora.checkpoint`), the
+   decisions go to ``decisions/round_XXXX.jsonl`` and one line with namespaced keys to ``metrics.jsonl``.
+
+Determinism and resume: every random draw of round ``r`` comes from ``fold_in(PRNGKey(seed), r)`` (rollout
+keys, env seeds, update key), and the state carried between rounds is exactly what the checkpoint holds
+(adapters, optimizer state). A run stopped after round r and resumed with ``resume=True`` therefore ends with
+the same adapters as an uninterrupted run (tested bit for bit).
+
+Metrics (one JSON line per round):
+    ``round``; ``train/return_mean``, ``train/return_std``, ``train/return_min``, ``train/return_max``,
+    ``train/returns`` (per rollout), ``train/decisions``, ``train/parse_fail_rate``, ``train/parse`` (counts by
+    reason), ``train/outcome_success_rate``, ``train/adv_zero`` (the cohort had no spread), ``train/updated``;
+    update metrics averaged over optimizer steps and agents with decisions: ``train/loss``, ``train/pg_loss``,
+    ``train/kl``, ``train/clip_frac``, ``train/ratio_mean``, ``train/grad_norm``; ``perf/decisions_per_s``
+    (rollout decisions per rollout second), ``perf/rollout_s``, ``perf/llm_s``, ``perf/update_s``,
+    ``perf/round_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxopt_marl import magrpo
+from jaxopt_marl import train_step as ts
+from jaxopt_marl.rollout import Roller, RolloutResult
+from lora import checkpoint as ckpt
+from lora import split_model
+
+log = logging.getLogger(__name__)
+
+#: Training env seeds start here (evaluation uses 10000-10019; paper §6.1: disjoint seeds).
+TRAIN_SEED0 = 1_000_000
+#: Prompt columns of a packed decision are padded to a multiple of this.
+PROMPT_BUCKET = 64
+
+
+def train_seeds(seed: int, round_idx: int, k: int) -> list[int]:
+    """Env seeds of round ``round_idx``'s K rollouts (never in 10000-10019)."""
+    base = TRAIN_SEED0 + seed * 100_000 + round_idx * k
+    return [base + i for i in range(k)]
+
+
+def round_key(seed: int, round_idx: int) -> jax.Array:
+    """All randomness of one round: ``fold_in(PRNGKey(seed), round)``."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), round_idx)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The training loop's own knobs (update hyper-parameters live in :class:`MAGRPOConfig`)."""
+
+    # Training rounds.
+    rounds: int = 1
+    # Run seed (rollout seeds, sampling, update keys).
+    seed: int = 0
+    # Skip the update when every advantage is 0 (no return spread): the PPO term is then 0, only the KL
+    # pull toward the reference would act. A compute saver for CPU budgets; False = always update.
+    skip_zero_advantage: bool = False
+    # Checkpoints kept on disk.
+    keep_checkpoints: int = 2
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What carries over between rounds (exactly the checkpoint's content)."""
+
+    adapters: object
+    opt_state: object
+    round: int
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    tmp.replace(path)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The metrics lines of a run (empty if none)."""
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+class Trainer:
+    """PA-MAGRPO over a :class:`Roller`.
+
+    Args:
+        run_dir: the run directory (``checkpoints/``, ``decisions/``, ``metrics.jsonl`` are written here).
+        roller: rollouts (its ``policy`` holds the model whose adapters are trained).
+        mcfg: update hyper-parameters (``num_rollouts`` = K, ``temperature`` = sampling temperature).
+        tcfg: loop settings.
+        step: optional prebuilt :class:`jaxopt_marl.train_step.TrainStep` (same model and ``mcfg``).
+    """
+
+    def __init__(self, run_dir: Path, roller: Roller, mcfg: magrpo.MAGRPOConfig, tcfg: TrainConfig,
+                 step: ts.TrainStep | None = None):
+        self.run_dir, self.roller, self.mcfg, self.tcfg = Path(run_dir), roller, mcfg, tcfg
+        self.policy = roller.policy
+        self.graphdef, adapters, self.base = split_model(self.policy.model)
+        n_adapters = 1 if self.policy.cfg.shared_adapter else roller.n
+        # ``step``: reuse compiled functions of an earlier trainer with the same model and config.
+        self.step = step or ts.make_train_step(self.graphdef, mcfg, ts.make_mesh(1), num_adapters=n_adapters)
+        self.state = TrainState(adapters=adapters, opt_state=ts.init_opt_state(self.step, adapters), round=0)
+        self.manager = ckpt.make_manager(str(self.run_dir / "checkpoints"), max_to_keep=tcfg.keep_checkpoints)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        (self.run_dir / "decisions").mkdir(parents=True, exist_ok=True)
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+
+    def restore(self) -> int:
+        """Loads the last complete checkpoint; returns the number of completed rounds (0 if none).
+
+        Raises:
+            ValueError: the checkpoint exists but cannot be read (message names the directory).
+        """
+        step = self.manager.latest_step()
+        if step is None:
+            return 0
+        try:
+            adapters, opt_state, meta = ckpt.restore(self.manager, self.state.adapters, self.state.opt_state, step)
+        except Exception as e:  # orbax raises many types on corrupt data
+            raise ValueError(f"{self.run_dir / 'checkpoints'}: checkpoint {step} is corrupt or incompatible "
+                             f"({type(e).__name__}: {e})") from e
+        self.state = TrainState(adapters=adapters, opt_state=opt_state, round=int(meta.get("round", step)))
+        self.policy.set_adapters(adapters)
+        # Metrics of rounds after the checkpoint belong to the interrupted attempt.
+        rows = [m for m in read_metrics(self.metrics_path) if m["round"] < self.state.round]
+        _write_jsonl(self.metrics_path, rows)
+        return self.state.round
+
+    def save(self) -> None:
+        ckpt.save(self.manager, self.state.round, self.state.adapters, self.state.opt_state,
+                  meta={"round": self.state.round, "seed": self.tcfg.seed})
+
+    # -- one round --------------------------------------------------------------------------------------
+
+    def pack(self, res: RolloutResult, adv: np.ndarray) -> ts.DecisionBatch:
+        """The round's decisions as one token batch (D padded for the micro-batch size)."""
+        prompts = [d.prompt_ids for _, _, d in res.decisions]
+        responses = [d.response_ids for _, _, d in res.decisions]
+        aids = [a for _, a, _ in res.decisions]
+        advs = [float(adv[b]) for b, _, _ in res.decisions]
+        tp = -(-max(map(len, prompts)) // PROMPT_BUCKET) * PROMPT_BUCKET
+        multiple = max(1, self.mcfg.micro_batch) * self.mcfg.num_minibatches
+        return ts.pack_decisions(prompts, responses, aids, advs, pad_id=self.policy.pad_id, prompt_len=tp,
+                                 response_len=self.policy.cfg.response_len, pad_to_multiple=max(multiple, 4))
+
+    def run_round(self, progress: bool = False) -> dict:
+        """Plays, updates and checkpoints round ``state.round``; returns its metrics line."""
+        r = self.state.round
+        t0 = time.perf_counter()
+        k_roll, k_upd = jax.random.split(round_key(self.tcfg.seed, r))
+        k = self.mcfg.num_rollouts
+        res = self.roller.collect(train_seeds(self.tcfg.seed, r, k), k_roll, round_idx=r, progress=progress,
+                                  desc=f"round {r} rollouts")
+        _write_jsonl(self.run_dir / "decisions" / f"round_{r:04d}.jsonl", res.traces)
+        adv_fn = magrpo.get("advantage", self.mcfg.advantage)
+        adv = np.asarray(adv_fn(jnp.asarray(res.returns), ddof=self.mcfg.std_ddof))
+        zero = not np.any(adv != 0)
+        upd: dict = {}
+        t1 = time.perf_counter()
+        updated = res.num_decisions > 0 and not (zero and self.tcfg.skip_zero_advantage)
+        if updated:
+            batch = self.pack(res, adv)
+            batch = self.step.prepare(self.base, self.state.adapters, batch)
+            adapters, opt_state, m = self.step.update(self.base, self.state.adapters, self.state.opt_state,
+                                                      batch, k_upd)
+            m = {key: np.asarray(v) for key, v in m.items()}
+            has = m["count"] > 0  # [S, N]
+            for key in ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "grad_norm"):
+                upd[f"train/{key}"] = float(m[key][has].mean()) if has.any() else 0.0
+            self.state.adapters, self.state.opt_state = adapters, opt_state
+            self.policy.set_adapters(adapters)
+        t_upd = time.perf_counter() - t1
+        self.state.round = r + 1
+        self.save()
+        outcomes = [t["outcome"] for t in res.traces if t["outcome"] not in ("running", "episode_end", "idle")]
+        line = {
+            "round": r,
+            "train/return_mean": float(res.returns.mean()),
+            "train/return_std": float(res.returns.std()),
+            "train/return_min": float(res.returns.min()),
+            "train/return_max": float(res.returns.max()),
+            "train/returns": res.returns.tolist(),
+            "train/decisions": res.num_decisions,
+            "train/parse_fail_rate": res.parse.failure_rate,
+            "train/parse": res.parse.as_dict(),
+            "train/outcome_success_rate": (sum(o == "success" for o in outcomes) / len(outcomes)) if outcomes
+            else 0.0,
+            "train/adv_zero": bool(zero),
+            "train/updated": bool(updated),
+            **{"train/kl": 0.0, "train/clip_frac": 0.0, **upd},
+            "perf/decisions_per_s": res.num_decisions / max(res.seconds, 1e-9),
+            "perf/rollout_s": res.seconds,
+            "perf/llm_s": res.llm_seconds,
+            "perf/update_s": t_upd,
+            "perf/round_s": time.perf_counter() - t0,
+        }
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        return line
+
+    def train(self, rounds: int | None = None, progress: bool = False,
+              on_round: Callable[[dict], None] | None = None) -> list[dict]:
+        """Runs rounds ``state.round .. rounds - 1`` (default ``tcfg.rounds``); returns their metrics lines."""
+        rounds = self.tcfg.rounds if rounds is None else rounds
+        lines = []
+        while self.state.round < rounds:
+            line = self.run_round(progress=progress)
+            lines.append(line)
+            if on_round is not None:
+                on_round(line)
+        return lines
+
+
+__all__ = ["PROMPT_BUCKET", "TRAIN_SEED0", "TrainConfig", "TrainState", "Trainer", "read_metrics", "round_key",
+           "train_seeds"]

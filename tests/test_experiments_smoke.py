@@ -1,0 +1,111 @@
+"""``python -m experiments.overcooked --layout aa --preset smoke --model tiny-random`` end to end as a subprocess
+(every file of the run directory), and bad input failing before any compute with a message naming it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import common
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_FILES = ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
+             "decisions/round_0000.jsonl", "decisions/round_0001.jsonl", "decisions/eval.jsonl",
+             "decisions/eval_base.jsonl", "eval.json", "eval_traj.npz", "report.md")
+
+
+def _cli(*args, timeout=900):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    p = _cli("experiments.overcooked", "--layout", "aa", "--preset", "smoke", "--model", "tiny-random",
+             "--out", str(out))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return out, p.stdout
+
+
+def test_smoke_run_writes_every_file(smoke_run):
+    out, stdout = smoke_run
+    for f in RUN_FILES:
+        assert (out / f).exists(), f
+    assert (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
+    assert "REDUCED BUDGET" in stdout
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["game"] == "overcooked_aa" and cfg["preset"] == "smoke" and cfg["reduced_budget"]
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in metrics] == [0, 1]
+    ev = json.loads((out / "eval.json").read_text())
+    assert ev["seeds"] == [10000, 10001]
+    assert len(ev["trained"]["episodes"]) == 2 and ev["base"]["policy"] == "frozen_base"
+    assert {"team_return", "efficiency", "equality", "peace"} <= set(ev["trained"]["episodes"][0])
+    traj = np.load(out / "eval_traj.npz")
+    assert traj["positions"].shape == (2, 12, 2, 2) and traj["positions"].dtype == np.int32
+    assert traj["rewards"].shape == (2, 12, 2) and traj["alive"].dtype == bool
+    assert traj["options"].shape == (2, 12, 2) and "base_positions" in traj
+    assert "Reduced budget" in (out / "report.md").read_text()
+
+
+def test_existing_run_dir_is_never_overwritten(smoke_run):
+    out, _ = smoke_run
+    with pytest.raises(SystemExit, match="exists; pass --resume"):
+        common.main(None, ["--layout", "aa", "--preset", "smoke", "--model", "tiny-random", "--out", str(out)])
+    assert (out / "eval.json").exists()
+
+
+def test_corrupt_checkpoint_on_resume(smoke_run, tmp_path):
+    out, _ = smoke_run
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    last = max((d for d in (bad / "checkpoints").iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+    for f in (last / "meta").rglob("*"):
+        if f.is_file():
+            f.write_text("{not json")
+    with pytest.raises(SystemExit, match=f"checkpoint .*{last.name} is corrupt"):
+        common.main(None, ["--layout", "aa", "--preset", "smoke", "--model", "tiny-random", "--out", str(bad),
+                           "--resume"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--layout", "aa", "--preset", "huge"], "unknown preset 'huge'"),
+    (["--layout", "xx", "--preset", "smoke"], "unknown layout 'xx'"),
+    (["--layout", "aa", "--preset", "smoke", "--model", "/nonexistent/model"], "/nonexistent/model does not exist"),
+    (["--layout", "aa", "--preset", "smoke", "--mode", "beam"], "unknown scoring mode 'beam'"),
+])
+def test_bad_input_fails_before_compute(argv, message, tmp_path):
+    with pytest.raises(SystemExit, match=message):
+        common.main(None, argv + ["--out", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()
+
+
+def test_model_dir_without_weights(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="has no weights"):
+        common.main("cleanup", ["--preset", "smoke", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "r")])
+    with pytest.raises(SystemExit, match="unknown game 'chess'"):
+        common.RunConfig.from_preset("smoke", "chess")
+    with pytest.raises(SystemExit, match="--resume: run directory"):
+        common.main("cleanup", ["--preset", "smoke", "--model", "tiny-random", "--out", str(tmp_path / "no"),
+                                "--resume"])
+
+
+def test_presets_follow_the_paper():
+    p = common.RunConfig.paper("cleanup")
+    assert (p.lora_rank, p.learning_rate, p.num_rollouts, p.temperature, p.episode_steps) == (32, 5e-5, 4, 0.7, 150)
+    o = common.RunConfig.paper("overcooked_fc")
+    assert (o.lora_rank, o.learning_rate, o.num_rollouts, o.temperature, o.kl_beta, o.episode_steps) == \
+        (16, 2e-5, 6, 0.9, 0.05, 400)
+    assert (p.clip_eps, p.epochs, p.max_grad_norm, p.eval_episodes) == (0.2, 2, 1.0, 20)
+    assert common.RunConfig.paper("harvest").episode_steps == 400
+    c = common.RunConfig.cpu("cleanup")
+    assert c.reduced_budget and c.mode == "choice_only" and not p.reduced_budget

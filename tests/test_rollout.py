@@ -1,0 +1,84 @@
+"""Rollouts with a tiny random decoder: every decision traced, parse failures counted (never a crash),
+choice_only scoring, the frozen-base mode, the idle fallback, per-step trajectories."""
+
+import jax
+import numpy as np
+import pytest
+
+import envs_jax
+from jaxopt_marl import guards as G
+from jaxopt_marl import options, rollout
+from lora import LoRAConfig
+
+GAME = "overcooked_aa"
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def roller():
+    env = envs_jax.make(GAME, max_steps=STEPS)
+    lib = options.get_library(GAME, env)
+    model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=2, rank=2, alpha=4.0))
+    pol = rollout.LLMPolicy(model, tok, GAME, rollout.PolicyConfig(mode="sample", temperature=1.0,
+                                                                   max_new_tokens=6))
+    return rollout.Roller(GAME, env, lib, G.compile_guards([], lib.vocab), pol, menu_seed=0)
+
+
+def _check(res, k, n=2):
+    assert res.returns.shape == (k,)
+    assert res.num_decisions == len(res.decisions) == res.parse.total > 0
+    for key in ("round", "rollout", "seed", "step", "aid", "prompt", "menu", "response", "choice", "parse",
+                "parse_fail", "option", "target", "outcome"):
+        assert key in res.traces[0]
+    assert all(t["outcome"] != "running" for t in res.traces)
+    assert res.traj["positions"].shape == (k, STEPS, n, 2) and res.traj["positions"].dtype == np.int32
+    assert res.traj["rewards"].shape == (k, STEPS, n) and res.traj["alive"].all()
+    assert (res.traj["positions"] >= 0).all()  # every step recorded
+
+
+def test_sample_mode_counts_parse_failures(roller):
+    res = roller.collect([1, 2], jax.random.PRNGKey(0), round_idx=3)
+    _check(res, 2)
+    # A random decoder writes garbage: failures are counted and the agent waits.
+    assert res.parse.failures > 0 and 0 < res.parse.failure_rate <= 1
+    failed = [t for t in res.traces if t["parse_fail"]]
+    assert all(t["option"] == "wait" and t["choice"] is None for t in failed)
+    assert {t["round"] for t in res.traces} == {3} and {t["seed"] for t in res.traces} == {1, 2}
+    # Tokens for training: system + user prompt, then the sampled response.
+    b, a, d = res.decisions[0]
+    assert d.prompt_ids[:len(roller.policy.prefix_ids)] == roller.policy.prefix_ids
+    assert 1 <= len(d.response_ids) <= 6
+
+
+def test_idle_fallback_without_wait_option(roller):
+    wait_id = roller.wait_id
+    roller.wait_id = -1  # a library without ``wait``: failed agents idle one step instead
+    try:
+        res = roller.collect([5, 6], jax.random.PRNGKey(1))
+    finally:
+        roller.wait_id = wait_id
+    _check(res, 2)
+    assert any(t["option"] == "idle" for t in res.traces)
+
+
+def test_choice_only_and_reference(roller):
+    pol = roller.policy
+    old = pol.cfg
+    pol.cfg = rollout.PolicyConfig(mode="choice_only", temperature=1.0)
+    try:
+        res = roller.collect([1, 2], jax.random.PRNGKey(0))
+        ref = roller.collect([1, 2], jax.random.PRNGKey(0), reference=True)
+    finally:
+        pol.cfg = old
+    _check(res, 2)
+    assert res.parse.failures == 0
+    assert all(t["response"].startswith("state: ") and "\nchoice: " in t["response"] for t in res.traces)
+    assert all(len(d.response_ids) == 1 for _, _, d in res.decisions)
+    # Fresh adapters (B = 0) are the reference policy: the same key plays the same episodes.
+    assert [t["choice"] for t in res.traces] == [t["choice"] for t in ref.traces]
+    assert all(t["reference"] for t in ref.traces)
+
+
+def test_policy_config_validation():
+    with pytest.raises(ValueError, match="unknown scoring mode"):
+        rollout.PolicyConfig(mode="beam")
