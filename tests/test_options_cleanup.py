@@ -13,6 +13,7 @@ from jaxopt_marl import burnin
 from jaxopt_marl.options import get_library
 from jaxopt_marl.options import cleanup as cuopt
 from jaxopt_marl.options.base import NO_PATH, NO_REASON, TARGET_ABSENT
+from tests.mp_option_driver import run_option
 from jaxopt_marl.options.meltingpot_common import TARGET_CAP, WAIT_STEPS
 
 N, E, S, W = mp.NORTH, mp.EAST, mp.SOUTH, mp.WEST
@@ -68,43 +69,6 @@ def scripted(env, agents, apples=(), dirt=None, cooldown=(0, 0)):
             d[r, c] = True
         s = s.replace(dirt=jnp.asarray(d))
     return s
-
-
-_JIT = {}
-
-
-def _jitted(env, lib):
-    key = (id(env), id(lib))
-    if key not in _JIT:
-        act = jax.jit(lambda s, a, e: lib.act(s, a, e))
-        step = jax.jit(lambda s, acts: env.step_env(jax.random.PRNGKey(1), s,
-                                                     {a: acts[i] for i, a in enumerate(env.agents)})[1])
-        _JIT[key] = (act, step)
-    return _JIT[key]
-
-
-def run_option(env, lib, state, aid, name, target, partner=(), max_steps=40):
-    """Run one option of ``aid`` to termination; the other agent plays ``partner`` actions then NOOPs.
-
-    Returns ``(final state, actions, effect bool)``.
-    """
-    target = jnp.asarray(target, jnp.int32)
-    o = lib.option_id(name)
-    ex, reason = lib.start(state, aid, o, target)
-    assert int(reason) == NO_REASON
-    pre = lib.snapshot(state, aid, target)
-    act, step = _jitted(env, lib)
-    actions = []
-    for t in range(max_steps):
-        a, drained, ex = act(state, aid, ex)
-        acts = [mp.NOOP] * env.num_agents
-        acts[1 - aid] = partner[t] if t < len(partner) else mp.NOOP
-        acts[aid] = int(a)
-        actions.append(int(a))
-        state = step(state, jnp.asarray(acts, jnp.int32))
-        if bool(drained) or int(ex.t) >= lib.timeout:
-            break
-    return state, actions, bool(lib.effect(o, pre, lib.snapshot(state, aid, target)))
 
 
 def test_vocabulary_and_labels(lib):
