@@ -408,6 +408,27 @@ class Overcooked(MultiAgentEnv):
         state = OvercookedState(done=core.done, step=core.step, core=core, deliveries=jnp.int32(0))
         return obs, state
 
+    @partial(jax.jit, static_argnums=(0,))
+    def step(self, key: jax.Array, state: OvercookedState, actions: dict[str, jax.Array],
+             reset_state: OvercookedState | None = None):
+        """``step_env`` plus auto-reset when ``dones["__all__"]`` (JaxMARL ``MultiAgentEnv.step`` semantics).
+
+        Unlike the base class, the reset branch runs under ``lax.cond``, so an unbatched step does not
+        pay for a reset it throws away (the launch-bound single-environment case on a GPU); under
+        ``vmap`` the cond becomes a select, as in the base class. Keys are split as the base class
+        splits them, so trajectories are identical.
+        """
+        key, key_reset = jax.random.split(key)
+        obs_st, state_st, rewards, dones, infos = self.step_env(key, state, actions)
+
+        def fresh():
+            if reset_state is None:
+                return self.reset(key_reset)
+            return self.get_obs(reset_state), reset_state
+
+        obs, state = jax.lax.cond(dones["__all__"], fresh, lambda: (obs_st, state_st))
+        return obs, state, rewards, dones, infos
+
     def step_env(self, key: jax.Array, state: OvercookedState, actions: dict[str, jax.Array]):
         """One joint step without auto-reset (V2 dynamics, see module docstring).
 
