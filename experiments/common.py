@@ -398,6 +398,7 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
     import envs_jax
+    from envs_jax.render import write_gif
     from jaxopt_marl import burnin, guards as G, magrpo, options, rollout, trainer
     from jaxopt_marl.records import write_records
     from lora import LoRAConfig
@@ -495,6 +496,11 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     ev["episodes"] = ev["trained"]["episodes"]
     ev["summary"] = ev["trained"]["summary"]
     (out / "eval.json").write_text(json.dumps(ev, indent=2) + "\n")
+    # A GIF of one episode on the first evaluation seed, played again by the trained adapters with frames
+    # recorded (a fresh sample of the same policy, so it need not repeat episode 0 of eval.json).
+    gif_res = roller.collect(seeds[:1], jax.random.fold_in(eval_key, 1), round_idx=-1, progress=progress,
+                             desc="eval gif", frames=True)
+    write_gif(gif_res.traj["frames"][0], out / "episode.gif", fps=8)
     np.savez_compressed(out / "eval_traj.npz", seeds=np.asarray(seeds, np.int32),
                         option_names=np.asarray(lib.option_names), **arrays)
 
@@ -506,7 +512,7 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
         f"{ev['base']['summary']['team_return']['std']:.2f}" if ev["base"] else ""))
     print(f"total wall time {time.perf_counter() - t_start:.0f} s")
     for f in ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
-              "checkpoints/", "decisions/", "eval.json", "eval_traj.npz", "report.md"):
+              "checkpoints/", "decisions/", "eval.json", "eval_traj.npz", "episode.gif", "report.md"):
         print(f"wrote {out / f}" + (" (report: " + how + ")" if f == "report.md" else ""))
     return out
 

@@ -291,13 +291,14 @@ class Traj:
     options: Any  # int32[B, T, N] running option id (-1 idle)
 
 
-def make_advance(lib, env, game: str, steps: int):
+def make_advance(lib, env, game: str, steps: int, frames: bool = False):
     """Jitted ``fn(ms [B], traj, key, force bool[B]) -> (ms, traj, need bool[B, A], rec Rec[B, A])``.
 
     Like :func:`jaxopt_marl.macro.make_advance_to_decision` (advance until an agent is at a decision point or
     the episode ended) plus: per-step trajectory buffers ``traj`` (dict of ``[B, T, ...]``), and ``force``:
     take at least one step even though an agent is waiting for a decision (an agent that could not start an
-    option waits one idle step instead of being asked again at the same state).
+    option waits one idle step instead of being asked again at the same state). With ``frames`` the
+    buffers also hold ``frames`` uint8[B, T, H, W, 3], ``env.render`` after every step (for GIFs; costly).
     """
     n = lib.num_agents
 
@@ -316,7 +317,8 @@ def make_advance(lib, env, game: str, steps: int):
             pos, alive = _agent_view(game, m.env)
             tr = dict(positions=tr["positions"].at[t].set(pos.astype(jnp.int32)),
                       rewards=tr["rewards"].at[t].set(_step_rewards(game, pre, m.env, n)),
-                      alive=tr["alive"].at[t].set(alive), options=tr["options"].at[t].set(running))
+                      alive=tr["alive"].at[t].set(alive), options=tr["options"].at[t].set(running),
+                      **({"frames": tr["frames"].at[t].set(env.render(m.env))} if frames else {}))
             return m, tr, i + 1, rec
 
         ms, tr, _, rec = jax.lax.while_loop(cond, body, (ms, tr, jnp.int32(0), macro._empty_rec(lib)))
@@ -330,10 +332,14 @@ def make_advance(lib, env, game: str, steps: int):
     return fn
 
 
-def empty_traj(batch: int, steps: int, n: int) -> dict:
-    return dict(positions=jnp.full((batch, steps, n, 2), -1, jnp.int32),
-                rewards=jnp.zeros((batch, steps, n), jnp.float32),
-                alive=jnp.zeros((batch, steps, n), bool), options=jnp.full((batch, steps, n), -1, jnp.int32))
+def empty_traj(batch: int, steps: int, n: int, frame_shape: tuple[int, ...] | None = None) -> dict:
+    """Zeroed trajectory buffers ``[batch, steps, ...]``; ``frame_shape`` (H, W, 3) adds ``frames``."""
+    out = dict(positions=jnp.full((batch, steps, n, 2), -1, jnp.int32),
+               rewards=jnp.zeros((batch, steps, n), jnp.float32),
+               alive=jnp.zeros((batch, steps, n), bool), options=jnp.full((batch, steps, n), -1, jnp.int32))
+    if frame_shape is not None:
+        out["frames"] = jnp.zeros((batch, steps, *frame_shape), jnp.uint8)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -383,6 +389,7 @@ class Roller:
         self.n = lib.num_agents
         self.menu_seed = int(menu_seed)
         self.advance = make_advance(lib, env, game, self.steps)
+        self._advance_frames = None  # built on the first collect(frames=True)
         self.begin = macro.make_begin_batch(lib)
         self.menu_fn = menus.make_menu_fn(lib, guards)
         self.snapshot = prompts.make_snapshot_fn(game, env)
@@ -395,7 +402,7 @@ class Roller:
         self.stats_fn = jax.jit(jax.vmap(lambda s: {**env.world_stats(s), "team_return": team_return(game, s)}))
 
     def collect(self, seeds: list[int], key: jax.Array, *, round_idx: int = 0, reference: bool = False,
-                progress: bool = False, desc: str = "rollouts") -> RolloutResult:
+                progress: bool = False, desc: str = "rollouts", frames: bool = False) -> RolloutResult:
         """Plays ``len(seeds)`` joint episodes (reset key ``PRNGKey(seed)``) to the end.
 
         Args:
@@ -404,11 +411,19 @@ class Roller:
             round_idx: recorded in the traces.
             reference: play the frozen base (adapters off) instead of the adapters.
             progress: tqdm bar over env steps.
+            frames: also record ``env.render`` after every step (``traj["frames"]`` uint8[K, T, H, W, 3]).
         """
         t_start = time.perf_counter()
         lib, n, k_roll = self.lib, self.n, len(seeds)
         ms = self.init(jnp.stack([jax.random.PRNGKey(int(s)) for s in seeds]))
-        traj = empty_traj(k_roll, self.steps, n)
+        advance = self.advance
+        frame_shape = None
+        if frames:
+            if self._advance_frames is None:
+                self._advance_frames = make_advance(self.lib, self.env, self.game, self.steps, frames=True)
+            advance = self._advance_frames
+            frame_shape = jax.eval_shape(self.env.render, jax.tree.map(lambda x: x[0], ms.env)).shape
+        traj = empty_traj(k_roll, self.steps, n, frame_shape)
         ndec = np.zeros((k_roll, n), np.int32)
         mem = [[prompts.Memory() for _ in range(n)] for _ in range(k_roll)]
         pending: dict[tuple[int, int], int] = {}
@@ -425,7 +440,7 @@ class Roller:
         it = 0
         seeds_arr = jnp.asarray(np.asarray(seeds, np.int32))
         while True:
-            ms, traj, need, rec = self.advance(ms, traj, jax.random.fold_in(k_env, it), jnp.asarray(force))
+            ms, traj, need, rec = advance(ms, traj, jax.random.fold_in(k_env, it), jnp.asarray(force))
             self._outcomes(rec, pending, traces)
             need = np.asarray(need)
             done = np.asarray(ms.env.done)

@@ -16,7 +16,7 @@ from experiments import common
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
              "decisions/round_0000.jsonl", "decisions/round_0001.jsonl", "decisions/eval.jsonl",
-             "decisions/eval_base.jsonl", "eval.json", "eval_traj.npz", "report.md")
+             "decisions/eval_base.jsonl", "eval.json", "eval_traj.npz", "episode.gif", "report.md")
 
 
 def _cli(*args, timeout=900):
