@@ -1,9 +1,12 @@
 """Shared pipeline of ``python -m experiments.{cleanup,harvest,overcooked}``: config, presets, run directory.
 
 burn-in (``burnin/records.parquet``, ``burnin/burnin.json``) -> guards (``guards.jsonl``) -> PA-MAGRPO rounds
-(``checkpoints/``, ``metrics.jsonl``, ``decisions/round_XXXX.jsonl``) -> evaluation on seeds 10000.. (paper
-§6.1: 20 episodes, seeds disjoint from training) with the trained adapters and, if the budget allows, the frozen
-base on the same menu (``eval.json``, ``eval_traj.npz``, ``decisions/eval*.jsonl``) -> ``report.md``.
+(``checkpoints/``, ``best/``, ``metrics.jsonl``, ``decisions/round_XXXX.jsonl``) -> evaluation on seeds 10000..
+(paper §6.1: 20 episodes, seeds disjoint from training) with the trained adapters chosen by the paper's checkpoint
+rule (highest training-time team return, ``best/``; ``--eval-checkpoint final`` = the last round's) and, if the
+budget allows, the frozen base on the same menu (``eval.json``, ``eval_traj.npz``, ``decisions/eval*.jsonl``)
+-> solo test (paper §6.4: each agent alone on the first ``solo_episodes`` evaluation seeds, the others idled;
+``solo.json``) -> ``report.md``.
 
 Presets (:class:`RunConfig` constructors):
 
@@ -11,10 +14,12 @@ Presets (:class:`RunConfig` constructors):
   lr 2e-5, K 6, temperature 0.9, KL 0.05; clip 0.2, 2 epochs, grad clip 1.0; episodes of 150 (Cleanup) /
   400 (Harvest, Overcooked) steps; full two-line responses sampled; 20 evaluation episodes. The paper does
   not state the number of rounds: 100 is our choice. KL 0.05 is used for Cleanup / Harvest too (not stated).
+  Solo test on 5 seeds for Overcooked, 2 for Cleanup / Harvest (our choice; the paper reports one number per
+  agent).
 - ``cpu`` — the default without an accelerator: the same pipeline on a reduced budget meant to finish in
-  about 20 minutes on 2 CPU cores (15-step Melting Pot / 40-step Overcooked episodes, K 2, 2 rounds, 1 PPO
-  epoch, ``choice_only`` scoring, 2 evaluation episodes, 100 + 100 burn-in episodes, no update in rounds
-  without return spread). Says so in the console and in the report.
+  under 20 minutes on 2 CPU cores (episodes of 30 steps for Cleanup, 20 for Harvest, 80 for Overcooked; K 2,
+  2 rounds, 1 PPO epoch, ``choice_only`` scoring, 2 evaluation episodes, 100 + 100 burn-in episodes, no update
+  in rounds without return spread, a 1-seed solo test). Says so in the console and in the report.
 - ``smoke`` — a few minutes, for tests (pair with ``--model tiny-random``).
 
 An existing run directory is never overwritten: pass ``--resume`` to continue it from its last complete
@@ -41,6 +46,9 @@ EVAL_SEED0 = 10000  # paper §6.1: 20 evaluation episodes, seeds disjoint from t
 PAPER_EVAL_EPISODES = 20
 EPISODE_STEPS = {"cleanup": 150, "harvest": 400, "overcooked_aa": 400, "overcooked_fc": 400}  # §6.1
 TINY_RANDOM = "tiny-random"
+EVAL_CHECKPOINTS = ("best", "final")  # best: paper §6.1 checkpoint rule; final: the last round's adapters
+CHECKPOINT_RULE = "highest training-time team return (paper §6.1)"
+SOLO_PAPER = {"overcooked_aa": 5, "overcooked_fc": 5, "cleanup": 2, "harvest": 2}  # solo-test seeds, paper preset
 
 
 class InputError(SystemExit):
@@ -100,6 +108,12 @@ class RunConfig:
     eval_base: bool = True
     # Skip the update of rounds whose returns have no spread (all advantages 0; saves CPU time).
     skip_zero_advantage: bool = False
+    # Adapters evaluated: "best" = highest training-time team return (paper §6.1 checkpoint rule, ``best/``),
+    # "final" = the adapters after the last round.
+    eval_checkpoint: str = "best"
+    # Solo test (paper §6.4): the first this-many evaluation seeds are played by each agent alone (the others
+    # idled); 0 = skip. At most eval_episodes (the full-team returns of the evaluation are reused).
+    solo_episodes: int = 0
 
     def __post_init__(self):
         if self.game not in GAMES:
@@ -108,6 +122,11 @@ class RunConfig:
             raise InputError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         if self.mode not in MODES:
             raise InputError(f"unknown scoring mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if self.eval_checkpoint not in EVAL_CHECKPOINTS:
+            raise InputError(f"unknown eval checkpoint {self.eval_checkpoint!r}; valid: {', '.join(EVAL_CHECKPOINTS)}")
+        if not 0 <= self.solo_episodes <= self.eval_episodes:
+            raise InputError(f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
+                             f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)")
         for name in ("episode_steps", "rounds", "num_rollouts", "lora_rank", "epochs", "eval_episodes",
                      "burnin_episodes", "max_new_tokens"):
             if getattr(self, name) < 1:
@@ -129,20 +148,27 @@ class RunConfig:
             base = dict(lora_rank=16, learning_rate=2e-5, num_rollouts=6, temperature=0.9, kl_beta=0.05)
         else:
             base = dict(lora_rank=32, learning_rate=5e-5, num_rollouts=4, temperature=0.7, kl_beta=0.05)
+        # The solo test shrinks with a smaller --eval-episodes (it reuses the evaluation's seeds).
+        solo = min(SOLO_PAPER.get(game, 2), max(int(kw.get("eval_episodes", PAPER_EVAL_EPISODES)), 0))
         return cls(**{**dict(game=game, preset="paper", episode_steps=EPISODE_STEPS.get(game, 150), rounds=100,
-                             mode="sample", burnin_episodes=2000, eval_episodes=PAPER_EVAL_EPISODES), **base, **kw})
+                             mode="sample", burnin_episodes=2000, eval_episodes=PAPER_EVAL_EPISODES,
+                             solo_episodes=solo), **base, **kw})
 
     @classmethod
     def cpu(cls, game: str, **kw) -> "RunConfig":
         """The paper's optimiser settings on a budget for 2 CPU cores (~20 minutes)."""
-        # Measured on 2 shared cores with SmolLM2-135M: rollouts ~0.3-1 decision/s (7 agents x K rows per call),
-        # and an update costs ~8 forwards of each ~330-token decision (prepare + 1 epoch fwd/bwd + ...), so the
-        # budget is a few dozen decisions per round: 15-step Melting Pot episodes (7 agents), 40-step Overcooked.
+        # Measured on 2 idle cores with SmolLM2-135M (2026-11-30): a decision's prompt is ~245 tokens after the
+        # 110-token system turn; rollouts ~1.2-2 decisions/s (letter-only scoring), the update ~2.8 s per decision
+        # (theta_old and reference scoring + one PPO epoch, system turn run once per adapter). That buys ~100
+        # decisions per round. Episode lengths are the shortest that give non-zero team returns with spread (else
+        # no update runs): Cleanup needs >= 21 of 79 dirt cells cleaned before any apple grows (spec §1), which 15
+        # steps never reached and 30 steps did (returns 0-2); Harvest has apples from step 0; an Overcooked soup
+        # needs 3 onions, 20 cooking steps, a dish and a delivery.
         p = cls.paper(game)
-        steps = 40 if game.startswith("overcooked") else 15
+        steps = {"cleanup": 30, "harvest": 20}.get(game, 80)
         return dataclasses.replace(p, **{**dict(preset="cpu", episode_steps=steps, rounds=2, num_rollouts=2,
                                                 epochs=1, mode="choice_only", burnin_episodes=100, eval_episodes=2,
-                                                eval_base=True, skip_zero_advantage=True), **kw})
+                                                eval_base=True, skip_zero_advantage=True, solo_episodes=1), **kw})
 
     @classmethod
     def smoke(cls, game: str, **kw) -> "RunConfig":
@@ -150,7 +176,8 @@ class RunConfig:
         p = cls.paper(game)
         return dataclasses.replace(p, **{**dict(preset="smoke", episode_steps=12, rounds=2, num_rollouts=2,
                                                 lora_rank=2, learning_rate=1e-2, mode="sample", max_new_tokens=8,
-                                                burnin_episodes=8, eval_episodes=2, eval_base=True), **kw})
+                                                burnin_episodes=8, eval_episodes=2, eval_base=True,
+                                                solo_episodes=1), **kw})
 
     @classmethod
     def from_preset(cls, preset: str, game: str, **kw) -> "RunConfig":
@@ -191,6 +218,11 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
     ap.add_argument("--eval-episodes", type=int, default=None, help="override the evaluation episodes")
     ap.add_argument("--mode", default=None, help="override the scoring mode: sample | choice_only")
     ap.add_argument("--no-eval-base", action="store_true", help="skip the frozen-base evaluation")
+    ap.add_argument("--eval-checkpoint", default=None,
+                    help="adapters to evaluate: best (highest training-time team return, paper §6.1; default) | "
+                         "final (after the last round)")
+    ap.add_argument("--solo-episodes", type=int, default=None,
+                    help="solo test (paper §6.4) on this many evaluation seeds; 0 = skip (default: the preset's)")
     return ap
 
 
@@ -198,7 +230,8 @@ def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
     preset = args.preset or default_preset()
     kw = {"seed": args.seed, "model": args.model}
     for flag, field in (("rounds", "rounds"), ("episode_steps", "episode_steps"), ("rollouts", "num_rollouts"),
-                        ("eval_episodes", "eval_episodes"), ("mode", "mode")):
+                        ("eval_episodes", "eval_episodes"), ("mode", "mode"),
+                        ("eval_checkpoint", "eval_checkpoint"), ("solo_episodes", "solo_episodes")):
         if getattr(args, flag) is not None:
             kw[field] = getattr(args, flag)
     if args.no_eval_base:
@@ -399,7 +432,7 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
 
     import envs_jax
     from envs_jax.render import write_gif
-    from jaxopt_marl import burnin, guards as G, magrpo, options, rollout, trainer
+    from jaxopt_marl import audit, burnin, guards as G, magrpo, options, rollout, trainer
     from jaxopt_marl.records import write_records
     from lora import LoRAConfig
 
@@ -410,7 +443,9 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
           f"scoring={cfg.mode}, T={cfg.temperature}, LoRA r={cfg.lora_rank}, lr={cfg.learning_rate}, "
           f"KL={cfg.kl_beta}, clip={cfg.clip_eps}, epochs={cfg.epochs}")
     print(f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
-          f"{' + frozen base' if cfg.eval_base else ''}")
+          f"{' + frozen base' if cfg.eval_base else ''}, adapters: "
+          f"{CHECKPOINT_RULE if cfg.eval_checkpoint == 'best' else 'final (last round)'}"
+          + (f"; solo test on {cfg.solo_episodes} seed(s)" if cfg.solo_episodes else "; no solo test"))
     if cfg.reduced_budget:
         print(f"  NOTE: preset '{cfg.preset}' is a REDUCED BUDGET, not the paper's (§6.1); results are not "
               f"comparable to the paper's numbers.")
@@ -476,12 +511,34 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     metrics_lines = trainer.read_metrics(out / "metrics.jsonl")
 
     # 4. Evaluation on held-out seeds: trained adapters, then the frozen base on the same menus.
+    # The adapters: paper §6.1's checkpoint rule (those that played the round with the highest mean training
+    # team return, ``best/``), or the final ones. ``checkpoint_round`` is the round whose rollouts they played
+    # (final: the number of completed rounds, i.e. the round they would play next).
+    ck = {"eval_checkpoint": cfg.eval_checkpoint, "checkpoint_rule": "final adapters (last round)",
+          "checkpoint_round": tr.state.round, "checkpoint_train_return": None}
+    if cfg.eval_checkpoint == "best":
+        try:
+            best = tr.best_adapters()
+        except ValueError as e:  # a corrupt best/ must not lose a finished run: evaluate the final adapters
+            print(f"warning: {e}; evaluating the final adapters", file=sys.stderr)
+            best, ck["checkpoint_rule"] = None, "final adapters (last round): best/ unreadable"
+        if best is None:
+            if ck["checkpoint_rule"] == "final adapters (last round)":
+                ck["checkpoint_rule"] = "final adapters (last round): no best/ checkpoint"
+            print(f"warning: no best/ checkpoint in {out}; evaluating the final adapters", file=sys.stderr)
+        else:
+            best_adapters, best_round, best_return = best
+            policy.set_adapters(best_adapters)
+            ck.update(checkpoint_rule=CHECKPOINT_RULE, checkpoint_round=best_round,
+                      checkpoint_train_return=best_return)
+    print(f"eval adapters: {ck['checkpoint_rule']}, round {ck['checkpoint_round']}"
+          + (f" (training return {ck['checkpoint_train_return']:.2f})" if ck["checkpoint_train_return"] is not None
+             else ""))
     seeds = list(range(EVAL_SEED0, EVAL_SEED0 + cfg.eval_episodes))
     eval_key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 10 ** 6)
     ev_res = roller.collect(seeds, eval_key, round_idx=-1, progress=progress, desc="eval trained")
     trainer._write_jsonl(out / "decisions" / "eval.jsonl", ev_res.traces)
-    ev = {"game": cfg.game, "preset": cfg.preset, "reduced_budget": cfg.reduced_budget, "seeds": seeds,
-          "checkpoint_round": tr.state.round, "checkpoint_rule": "final adapters (last round)",
+    ev = {"game": cfg.game, "preset": cfg.preset, "reduced_budget": cfg.reduced_budget, "seeds": seeds, **ck,
           "trained": _eval_block(cfg.game, ev_res, seeds, "trained")}
     arrays = {k: v for k, v in ev_res.traj.items()}
     if cfg.eval_base:
@@ -496,6 +553,32 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     ev["episodes"] = ev["trained"]["episodes"]
     ev["summary"] = ev["trained"]["summary"]
     (out / "eval.json").write_text(json.dumps(ev, indent=2) + "\n")
+    # Solo test (paper §6.4): each agent alone on the first solo_episodes evaluation seeds (one batched collect
+    # per agent, the others idled on ``wait``, same key as the evaluation); the full team's returns on those
+    # seeds are the evaluation's.
+    if cfg.solo_episodes > 0:
+        solo_seeds = seeds[:cfg.solo_episodes]
+        units = "deliveries" if cfg.overcooked else "apples"
+
+        def play_solo(active, ss):
+            res = roller.collect(list(ss), eval_key, round_idx=-1, progress=progress,
+                                 desc=f"solo agent {int(np.argmax(active))}", active=active)
+            if cfg.overcooked:  # a delivery rewards every agent: own deliveries from the agent's decisions
+                own = np.stack([audit.successes_per_agent([t for t in res.traces if t["rollout"] == b],
+                                                          num_agents=n_agents) for b in range(len(ss))])
+            else:  # one apple eaten = reward 1
+                own = res.traj["rewards"].sum(axis=1)
+            return {"team": res.returns, "agent": own}
+
+        solo = audit.solo_test(play_solo, n_agents, solo_seeds, batched=True,
+                               full_team=ev_res.returns[:len(solo_seeds)])
+        (out / "solo.json").write_text(json.dumps({
+            "game": cfg.game, **solo.as_dict(units), **ck,
+            "idled": "every other agent takes the wait option at each of its decision points (no LLM call)",
+            "full_team_source": "eval.json trained episodes on the same seeds"}, indent=2) + "\n")
+        print(f"solo test ({units}, seeds {solo_seeds[0]}-{solo_seeds[-1]}): "
+              + ", ".join(f"agent {i} alone {m:.2f}" for i, m in enumerate(solo.summary()["solo_mean"]))
+              + f"; full team {solo.summary()['full_mean'][0]:.2f} -> {solo.verdict()}")
     # A GIF of one episode on the first evaluation seed, played again by the trained adapters with frames
     # recorded (a fresh sample of the same policy, so it need not repeat episode 0 of eval.json).
     gif_res = roller.collect(seeds[:1], jax.random.fold_in(eval_key, 1), round_idx=-1, progress=progress,
@@ -512,8 +595,10 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
         f"{ev['base']['summary']['team_return']['std']:.2f}" if ev["base"] else ""))
     print(f"total wall time {time.perf_counter() - t_start:.0f} s")
     for f in ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
-              "checkpoints/", "decisions/", "eval.json", "eval_traj.npz", "episode.gif", "report.md"):
-        print(f"wrote {out / f}" + (" (report: " + how + ")" if f == "report.md" else ""))
+              "checkpoints/", "best/", "decisions/", "eval.json", "solo.json", "eval_traj.npz", "episode.gif",
+              "report.md"):
+        if (out / f).exists():
+            print(f"wrote {out / f}" + (" (report: " + how + ")" if f == "report.md" else ""))
     return out
 
 

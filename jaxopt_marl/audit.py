@@ -17,7 +17,9 @@ the run's records into those numbers:
 
 Everything is a pure NumPy function over the arrays of ``eval_traj.npz`` or the decision records of
 ``decisions/*.jsonl`` (one ``dict`` per decision with keys ``round, rollout, seed, step, aid, prompt, menu,
-response, choice, parse_fail, opt, target, outcome``). Conventions shared by all functions:
+response, choice, parse_fail, opt, target, outcome``; :mod:`jaxopt_marl.rollout` writes the option under
+``option`` and ``parse_fail`` as a bool, both read as well: :func:`record_option`, :func:`record_parse_failed`).
+Conventions shared by all functions:
 
 - agent axis last in trajectories (``[E, T, N]``, as the environments emit them), first in per-agent results;
 - positions are ``(row, col)`` cells; a heatmap is indexed ``[agent, row, col]``;
@@ -67,6 +69,18 @@ DELIVER = "deliver"
 # ---------------------------------------------------------------------------------------------------------
 
 
+def record_option(rec: Mapping[str, Any]) -> str:
+    """The chosen option of a decision record: ``opt`` (records, burn-in spelling) or ``option`` (rollout
+    traces, ``decisions/*.jsonl`` of a run); :data:`NO_OPTION` when neither is set."""
+    return rec.get("opt") or rec.get("option") or NO_OPTION
+
+
+def record_parse_failed(rec: Mapping[str, Any]) -> bool:
+    """Whether a decision's reply failed to parse: ``parse_fail`` is a reason string or True (rollout traces
+    write a bool); None, False or absent mean it parsed."""
+    return bool(rec.get("parse_fail"))
+
+
 def option_histogram(decisions: Iterable[Mapping[str, Any]], num_agents: int | None = None,
                      option_names: Sequence[str] | None = None) -> tuple[tuple[str, ...], np.ndarray]:
     """Counts of each chosen option per agent, from decision records.
@@ -75,8 +89,8 @@ def option_histogram(decisions: Iterable[Mapping[str, Any]], num_agents: int | N
     rollouts and seeds present in ``decisions``). Units: decisions.
 
     Args:
-        decisions: records with at least ``aid`` (int) and ``opt`` (str or None; None/"" counts as
-            :data:`NO_OPTION`).
+        decisions: records with at least ``aid`` (int) and ``opt`` or ``option`` (str or None; None/"" counts
+            as :data:`NO_OPTION`; :func:`record_option`).
         num_agents: N (default: 1 + the largest ``aid`` seen, 0 if none).
         option_names: column order; names not listed but seen are appended in first-seen order.
 
@@ -87,7 +101,7 @@ def option_histogram(decisions: Iterable[Mapping[str, Any]], num_agents: int | N
     index = {n: k for k, n in enumerate(names)}
     pairs: list[tuple[int, int]] = []
     for rec in decisions:
-        opt = rec.get("opt") or NO_OPTION
+        opt = record_option(rec)
         if opt not in index:
             index[opt] = len(names)
             names.append(opt)
@@ -359,7 +373,7 @@ def successes_per_agent(decisions: Iterable[Mapping[str, Any]], option: str = DE
     Returns:
         int64[N] (N = ``num_agents`` or 1 + the largest ``aid``).
     """
-    aids = [int(r["aid"]) for r in decisions if r.get("opt") == option and r.get("outcome") == "success"]
+    aids = [int(r["aid"]) for r in decisions if record_option(r) == option and r.get("outcome") == "success"]
     n = num_agents if num_agents is not None else max(aids, default=-1) + 1
     return np.bincount(np.asarray(aids, np.int64), minlength=n)[:n] if n else np.zeros(0, np.int64)
 
@@ -437,6 +451,10 @@ def extinction_step(alive_t: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------
 
 
+#: Verdicts of :func:`solo_verdict`.
+SOLO_VERDICTS = ("solo_solvable", "needs_partner", "not_informative", "undetermined")
+
+
 @dataclasses.dataclass(frozen=True)
 class SoloResult:
     """Solo-test returns (see :func:`solo_test`).
@@ -444,7 +462,7 @@ class SoloResult:
     Attributes:
         seeds: the evaluation seeds, in call order.
         team_return: float64[N, S] team return with only agent i active, per seed.
-        agent_return: float64[N, S] agent i's own return in its solo episodes.
+        agent_return: float64[N, S] agent i's own return in its solo episodes (NaN if the rollout gave none).
         full_team: float64[S] team return with every agent active (NaN if not run).
     """
 
@@ -460,47 +478,145 @@ class SoloResult:
         return {"solo_mean": [m for m, _, _ in solo], "solo_std": [s for _, s, _ in solo],
                 "full_mean": [full[0]], "full_std": [full[1]]}
 
+    def verdict(self) -> str:
+        """:func:`solo_verdict` of this result."""
+        return solo_verdict(self.team_return, self.full_team)
 
-def solo_test(rollout: Callable[[np.ndarray, int], Any], num_agents: int, seeds: Sequence[int],
-              *, include_full_team: bool = True) -> SoloResult:
-    """Solo test (paper §6.4): evaluate the team with all but one agent idled, once per agent and seed.
+    def as_dict(self, units: str | None = None) -> dict[str, Any]:
+        """JSON-ready form (``solo.json``): seeds; per agent its solo team return and own return per seed with
+        mean ± std (:func:`mean_std`); the full team's per seed with mean ± std; the verdict; ``units``.
+        NaN becomes None."""
+        def clean(v):
+            return [None if not math.isfinite(float(x)) else float(x) for x in np.asarray(v, np.float64).ravel()]
 
-    A layout where an agent alone still scores is solo-solvable (Overcooked AA: the paper's agents deliver 4 and
-    2 alone); one where every solo score is 0 while the team scores needs a partner (Overcooked FC).
+        def ms(v):
+            m, sd, n = mean_std(v)
+            return {"mean": None if not math.isfinite(m) else m, "std": None if not math.isfinite(sd) else sd,
+                    "n": n}
+
+        return {
+            "seeds": list(self.seeds), "units": units, "num_agents": int(self.team_return.shape[0]),
+            "agents": [{"agent": i, "solo_team_return": clean(self.team_return[i]),
+                        "solo_team": ms(self.team_return[i]), "own_return": clean(self.agent_return[i]),
+                        "own": ms(self.agent_return[i])} for i in range(self.team_return.shape[0])],
+            "full_team": {"returns": clean(self.full_team), **ms(self.full_team)},
+            "verdict": self.verdict(),
+        }
+
+
+def solo_verdict(team_return: np.ndarray, full_team: np.ndarray) -> str:
+    """The paper's reading of a solo test (§6.4), one of :data:`SOLO_VERDICTS`.
+
+    - ``solo_solvable``: some agent alone scores (a solo team return > 0 on some seed): the task does not
+      need a partner, so team reward can overstate cooperation (Overcooked AA: the agents deliver 4 and 2 alone);
+    - ``needs_partner``: every solo score is 0 while the full team scores (mean > 0): its reward is behaviour
+      that only works with a partner, evidence of coordination (Overcooked FC);
+    - ``not_informative``: every solo score is 0 and the full team itself scores 0 (nothing to compare);
+    - ``undetermined``: every solo score is 0 and the full team was not run (NaN) or there are no scores.
 
     Args:
-        rollout: ``rollout(active, seed) -> rewards``; ``active`` is bool[N] (True = the trained policy acts;
-            False = the agent is idled: the caller keeps it in place, e.g. by forcing ``wait``/NOOP).
-            ``rewards`` is either per-agent episode returns float[N], per-step rewards float[T, N], or a
-            scalar team return (then ``agent_return`` is NaN).
+        team_return: float[N, S] solo team returns; full_team: float[S] full-team returns (NaN = not run).
+    """
+    solo = np.asarray(team_return, np.float64)
+    solo = solo[np.isfinite(solo)]
+    if solo.size and (solo > 0).any():
+        return "solo_solvable"
+    full, _, n = mean_std(full_team)
+    if not solo.size or n == 0:
+        return "undetermined"
+    return "needs_partner" if full > 0 else "not_informative"
+
+
+def _solo_returns(out: Any, num_agents: int, num_seeds: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(team float64[S], agent float64[S, N])`` from one rollout callback's output (see :func:`solo_test`);
+    ``num_seeds`` None = one episode (no seed axis in ``out``)."""
+    batch = num_seeds is not None
+    lead = 1 if batch else 0
+    if isinstance(out, Mapping):
+        team = np.asarray(out["team"], np.float64)
+        agent = out.get("agent")
+        agent = None if agent is None else np.asarray(agent, np.float64)
+        if agent is not None and agent.ndim == lead + 2:  # per-step rewards
+            agent = agent.sum(axis=-2)
+    else:
+        arr = np.asarray(out, np.float64)
+        if arr.ndim == lead:  # team returns only
+            team, agent = arr, None
+        elif arr.ndim in (lead + 1, lead + 2):  # per-agent returns, or per-step rewards
+            agent = arr.sum(axis=-2) if arr.ndim == lead + 2 else arr
+            team = agent.sum(axis=-1)
+        else:
+            raise ValueError(f"solo_test: rollout output of shape {arr.shape} is none of "
+                             f"{'[S], [S, N], [S, T, N]' if batch else '[], [N], [T, N]'}")
+    if agent is None:
+        agent = np.full(team.shape + (num_agents,), np.nan)
+    if not batch:
+        team, agent = team.reshape(1), agent.reshape(1, -1)
+    s = num_seeds if batch else 1
+    if team.shape != (s,) or agent.shape != (s, num_agents):
+        raise ValueError(f"solo_test: rollout gave team returns of shape {team.shape} and per-agent returns of "
+                         f"shape {agent.shape}; expected ({s},) and ({s}, {num_agents})")
+    return team, agent
+
+
+def solo_test(rollout: Callable[[np.ndarray, Any], Any], num_agents: int, seeds: Sequence[int],
+              *, include_full_team: bool = True, batched: bool = False,
+              full_team: Sequence[float] | np.ndarray | None = None) -> SoloResult:
+    """Solo test (paper §6.4): evaluate the team with all but one agent idled, once per agent on every seed.
+
+    A layout where an agent alone still scores is solo-solvable (Overcooked AA: the paper's agents deliver 4 and
+    2 alone); one where every solo score is 0 while the team scores needs a partner (Overcooked FC). See
+    :func:`solo_verdict`.
+
+    Args:
+        rollout: ``active`` is bool[N] (True = the trained policy acts; False = the agent is idled: the caller
+            keeps it in place, e.g. ``Roller.collect(..., active=active)`` makes it take ``wait``).
+            Per episode (default): ``rollout(active, seed) -> out`` with ``out`` per-agent episode returns
+            float[N], per-step rewards float[T, N], a scalar team return (then ``agent_return`` is NaN), or a
+            mapping ``{"team": scalar, "agent": float[N] or float[T, N] or None}`` when the team return is not the
+            sum over agents (Overcooked: a delivery rewards every agent, the team return counts it once).
+            With ``batched=True``: ``rollout(active, seeds) -> out`` plays every seed at once (one call per
+            agent, e.g. one ``Roller.collect(seeds, key, active=active)``) and ``out`` has a leading seed axis:
+            float[S, N], float[S, T, N], float[S], or ``{"team": float[S], "agent": float[S, N] | None}``.
         num_agents: N.
         seeds: evaluation seeds (the same for every agent, so solo scores compare seed-for-seed).
-        include_full_team: also run every seed with all agents active.
+        include_full_team: also run every seed with all agents active (ignored when ``full_team`` is given).
+        batched: the callback takes all seeds at once (above).
+        full_team: float[S] team returns of the full team on the same seeds, already measured (e.g. by the
+            evaluation); used instead of running them again.
 
     Returns:
-        :class:`SoloResult`.
+        :class:`SoloResult` (returns in the callback's units: apples, deliveries, ...).
+
+    Raises:
+        ValueError: a callback output or ``full_team`` of the wrong shape (message names the shapes).
     """
     seeds = tuple(int(s) for s in seeds)
+    n_s = len(seeds)
 
-    def run(active: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
-        out = np.asarray(rollout(active.copy(), seed), np.float64)
-        if out.ndim == 0:
-            return np.full(num_agents, np.nan), float(out)
-        per_agent = out.sum(axis=0) if out.ndim == 2 else out
-        return per_agent, float(per_agent.sum())
+    def run(active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if batched:
+            return _solo_returns(rollout(active.copy(), seeds), num_agents, n_s)
+        outs = [_solo_returns(rollout(active.copy(), s), num_agents, None) for s in seeds]
+        if not outs:
+            return np.zeros(0), np.zeros((0, num_agents))
+        return np.concatenate([t for t, _ in outs]), np.concatenate([a for _, a in outs])
 
-    team = np.zeros((num_agents, len(seeds)))
-    own = np.zeros((num_agents, len(seeds)))
+    team = np.zeros((num_agents, n_s))
+    own = np.zeros((num_agents, n_s))
     for i in range(num_agents):
         active = np.zeros(num_agents, bool)
         active[i] = True
-        for k, s in enumerate(seeds):
-            per_agent, tot = run(active, s)
-            team[i, k], own[i, k] = tot, per_agent[i]
-    full = np.full(len(seeds), np.nan)
-    if include_full_team:
-        for k, s in enumerate(seeds):
-            full[k] = run(np.ones(num_agents, bool), s)[1]
+        t, a = run(active)
+        team[i], own[i] = t, a[:, i]
+    if full_team is not None:
+        full = np.asarray(full_team, np.float64).reshape(-1)
+        if full.shape != (n_s,):
+            raise ValueError(f"solo_test: full_team has {full.size} values for {n_s} seeds")
+    elif include_full_team:
+        full = run(np.ones(num_agents, bool))[0]
+    else:
+        full = np.full(n_s, np.nan)
     return SoloResult(seeds, team, own, full)
 
 
@@ -527,20 +643,20 @@ def outcome_table(decisions: Iterable[Mapping[str, Any]]) -> dict[str, dict[str,
     """
     table: dict[str, dict[str, int]] = {}
     for rec in decisions:
-        row = table.setdefault(rec.get("opt") or NO_OPTION, dict.fromkeys(OUTCOMES, 0))
+        row = table.setdefault(record_option(rec), dict.fromkeys(OUTCOMES, 0))
         row[outcome_class(rec.get("outcome"))] += 1
     return table
 
 
 def parse_fail_rate(decisions: Iterable[Mapping[str, Any]], num_agents: int | None = None) -> np.ndarray:
-    """Per-agent fraction of decisions whose reply did not parse (``parse_fail`` not null).
+    """Per-agent fraction of decisions whose reply did not parse (:func:`record_parse_failed`).
 
     Convention: NaN for an agent with no decisions.
 
     Returns:
         float64[N].
     """
-    recs = [(int(r["aid"]), r.get("parse_fail") is not None) for r in decisions]
+    recs = [(int(r["aid"]), record_parse_failed(r)) for r in decisions]
     n = num_agents if num_agents is not None else max((a for a, _ in recs), default=-1) + 1
     tot = np.zeros(n)
     bad = np.zeros(n)
@@ -585,9 +701,10 @@ def mean_std(x: Sequence[float] | np.ndarray, ddof: int = 1) -> tuple[float, flo
 
 
 __all__ = [
-    "DELIVER", "NO_OPTION", "OTHER", "OUTCOMES", "ROLE_KEYWORDS", "RoleSplit", "SoloResult", "extinction_step",
-    "fractions", "mean_std", "option_category", "option_entropy", "option_histogram", "option_step_histogram",
-    "outcome_class", "outcome_table", "parse_fail_rate", "patches_alive", "per_agent_apples",
-    "per_agent_returns", "role_split", "social_metrics", "solo_test", "specialisation_index",
-    "stationary_fraction", "successes_per_agent", "visit_heatmap", "waiting_fraction",
+    "DELIVER", "NO_OPTION", "OTHER", "OUTCOMES", "ROLE_KEYWORDS", "RoleSplit", "SOLO_VERDICTS", "SoloResult",
+    "extinction_step", "fractions", "mean_std", "option_category", "option_entropy", "option_histogram",
+    "option_step_histogram", "outcome_class", "outcome_table", "parse_fail_rate", "patches_alive",
+    "per_agent_apples", "per_agent_returns", "record_option", "record_parse_failed", "role_split",
+    "social_metrics", "solo_test", "solo_verdict", "specialisation_index", "stationary_fraction",
+    "successes_per_agent", "visit_heatmap", "waiting_fraction",
 ]

@@ -7,7 +7,12 @@ Reads (all optional; whatever is missing or unreadable is named in the report in
 - ``metrics.jsonl``: one line per round with ``round`` and namespaced keys (``train/return_mean``,
   ``train/return_std``, ``train/parse_fail_rate``, ``train/kl``, ``perf/decisions_per_s``);
 - ``eval.json``: ``{"episodes": [{"seed", "team_return", "agent_returns", ...}], "summary", "policy",
-  "baseline"?}``; ``baseline`` may hold ``episodes`` and/or ``summary`` (``{"key": {"mean", "std"}}``);
+  "baseline"?}``; ``baseline`` (or ``base``, as ``experiments/common.py`` writes it) may hold ``episodes``
+  and/or ``summary`` (``{"key": {"mean", "std"}}``); ``checkpoint_rule``, ``checkpoint_round``,
+  ``checkpoint_train_return`` name the evaluated adapters (paper §6.1 checkpoint rule);
+- ``solo.json`` (paper §6.4 solo test, :meth:`jaxopt_marl.audit.SoloResult.as_dict`): ``seeds``, ``units``,
+  ``agents`` (per agent ``solo_team_return`` and ``own_return`` per seed), ``full_team`` (``returns`` per seed);
+  expected only when config ``solo_episodes`` > 0;
 - ``decisions/eval.jsonl`` (else the latest ``decisions/round_XXXX.jsonl``): one decision record per line;
 - ``eval_traj.npz``: ``positions`` int32[E, T, N, 2], ``rewards`` float32[E, T, N], ``alive`` bool[E, T, N],
   optionally ``opt_ids`` int32[E, T, N] with ``option_names``, ``walls`` bool[H, W], and for Harvest
@@ -43,8 +48,6 @@ TRAIN_COLUMNS = (("train/parse_fail_rate", "parse-fail rate", 3), ("train/kl", "
                  ("perf/decisions_per_s", "decisions/s", 1))
 #: Most rows of the training table; longer runs show evenly spaced rounds (first and last included).
 MAX_TABLE_ROWS = 25
-#: Team reward of one Overcooked soup delivery (spec environments.md §4: deliveries = team return / 20).
-DELIVERY_REWARD = 20.0
 FIGURES = "figures"
 
 
@@ -282,7 +285,8 @@ def plot_patch_survival(alive_count: np.ndarray, run_dir: Path) -> str:
 
 
 def _units(game: str | None) -> str:
-    return "deliveries × 20" if game and game.startswith("overcooked") else "apples"
+    # The team return is deliveries (jaxopt_marl.rollout.team_return), the paper's Overcooked unit (§6).
+    return "deliveries" if game and game.startswith("overcooked") else "apples"
 
 
 def _episodes_stats(episodes: list[dict]) -> dict[str, tuple[float, float, int]]:
@@ -369,21 +373,22 @@ def section_eval(ev: dict | None, game: str | None) -> list[str]:
     if not isinstance(ev, dict):
         return lines + ["`eval.json` is missing: no evaluation to report."]
     stats, eps = _policy_stats(ev)
-    base_stats, base_eps = _policy_stats(ev.get("baseline")) if ev.get("baseline") is not None else ({}, [])
-    if game and game.startswith("overcooked"):
-        for st, ep in ((stats, eps), (base_stats, base_eps)):
-            if ep and "team_return" in st:
-                st["deliveries"] = audit.mean_std([_num(e.get("team_return")) / DELIVERY_REWARD for e in ep])
+    baseline = ev.get("baseline") if ev.get("baseline") is not None else ev.get("base")
+    base_stats, base_eps = _policy_stats(baseline) if baseline is not None else ({}, [])
     seeds = [e.get("seed") for e in eps if "seed" in e] or list(ev.get("seeds", []) or [])
     policy = ev.get("policy", "trained")
     lines += [f"Policy: `{policy if isinstance(policy, str) else json.dumps(policy, default=str)}`. "
               f"{len(eps)} episode(s); seeds: {_seed_text(seeds)}. Values are mean ± std (sample std) over "
               "episodes.", ""]
+    if ev.get("checkpoint_rule") is not None:
+        ret = _num(ev.get("checkpoint_train_return"))
+        lines += [f"Adapters: {ev['checkpoint_rule']}; round {fmt(ev.get('checkpoint_round'))}"
+                  + (f" (its mean training team return {fmt(ret)})" if math.isfinite(ret) else "") + ".", ""]
     keys = list(dict.fromkeys([*(["team_return"] if "team_return" in stats else []), *stats, *base_stats]))
     if not keys:
         return lines + ["`eval.json` holds no per-episode numbers or summary."]
     if base_stats:
-        bname = ev["baseline"].get("policy", "frozen base") if isinstance(ev["baseline"], dict) else "frozen base"
+        bname = baseline.get("policy", "frozen base") if isinstance(baseline, dict) else "frozen base"
         header = ["metric", f"baseline ({bname})", "trained", "n (baseline / trained)"]
         rows = [[k, fmt_pm(*base_stats.get(k, (math.nan, math.nan, 0))[:2]),
                  fmt_pm(*stats.get(k, (math.nan, math.nan, 0))[:2]),
@@ -589,6 +594,89 @@ def section_patches(z: dict[str, np.ndarray], eval_eps: list[dict], run_dir: Pat
     return lines
 
 
+def _solo_arrays(solo: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(team float[N, S], own float[N, S], full float[S])`` from ``solo.json`` (NaN where absent); a
+    per-agent ``solo_team`` / ``own`` summary stands in for missing per-seed lists.
+
+    Raises:
+        ValueError: ``agents`` is missing or not a list of objects.
+    """
+    agents = solo.get("agents")
+    if not isinstance(agents, list) or not agents or not all(isinstance(a, dict) for a in agents):
+        raise ValueError("`agents` is missing or not a list of objects")
+
+    def per_seed(a: dict, key: str, summary: str) -> list[float]:
+        v = a.get(key)
+        if isinstance(v, list) and v:
+            return [_num(x) for x in v]
+        m = a.get(summary)
+        return [_num(m.get("mean"))] if isinstance(m, dict) else [math.nan]
+
+    rows = [per_seed(a, "solo_team_return", "solo_team") for a in agents]
+    owns = [per_seed(a, "own_return", "own") for a in agents]
+    width = max(len(r) for r in rows + owns)
+
+    def pad(r: list[float]) -> list[float]:
+        return r + [math.nan] * (width - len(r))
+
+    full = solo.get("full_team")
+    if isinstance(full, dict):
+        f = full.get("returns")
+        full = [_num(x) for x in f] if isinstance(f, list) and f else [_num(full.get("mean"))]
+    elif isinstance(full, list):
+        full = [_num(x) for x in full]
+    else:
+        full = [math.nan]
+    return np.array([pad(r) for r in rows]), np.array([pad(r) for r in owns]), np.array(full, np.float64)
+
+
+def section_solo(solo: Any, why: str | None, cfg: dict, game: str | None) -> list[str]:
+    """The "Solo test" subsection (paper §6.4): each agent alone, the others idled, against the full team."""
+    lines = ["### Solo test", ""]
+    wanted = _num(cfg.get("solo_episodes"))
+    if why is not None or not isinstance(solo, dict):
+        if why == "missing":
+            return lines + (["Not run (config `solo_episodes` = 0)."] if not wanted > 0 else
+                            [f"`solo.json` is missing although the config asks for {fmt(int(wanted))} solo "
+                             "episode(s): the solo test is skipped."])
+        return lines + [f"`solo.json` {why or 'is not a JSON object'}: the solo test is skipped."]
+    try:
+        team, own, full = _solo_arrays(solo)
+    except ValueError as e:
+        return lines + [f"`solo.json` is malformed ({e}): the solo test is skipped."]
+    units = solo.get("units") or ("deliveries" if game and game.startswith("overcooked") else "apples")
+    seeds = solo.get("seeds") if isinstance(solo.get("seeds"), list) else []
+    f_mean, f_std, f_n = audit.mean_std(full)
+    lines += [f"Each agent plays alone with its evaluated adapter while every other agent is idled (takes `wait` "
+              f"at each decision point, no LLM call), on {len(seeds) or team.shape[1]} evaluation seed(s) "
+              f"({_seed_text(seeds)}); the full team's return on the same seeds comes from the evaluation. "
+              f"Returns in {units}, mean ± std (sample std) over seeds.", ""]
+    rows = []
+    for i in range(team.shape[0]):
+        m, sd, _ = audit.mean_std(team[i])
+        om, osd, on = audit.mean_std(own[i])
+        vs = (f"{100 * m / f_mean:.0f}% of the team's" if f_n and f_mean > 0 and math.isfinite(m) else
+              "n/a (team scores 0)" if f_n else "n/a (full team not run)")
+        rows.append([f"a{i}", fmt_pm(m, sd), fmt_pm(om, osd) if on else "n/a", vs])
+    lines += table(["agent", f"solo team return ({units})", f"own return ({units})", "vs full team"], rows)
+    lines += ["", f"Full team on the same seeds: {fmt_pm(f_mean, f_std)} {units}.", ""]
+    verdict = audit.solo_verdict(team, full)
+    scoring = [f"a{i}" for i in range(team.shape[0]) if (team[i][np.isfinite(team[i])] > 0).any()]
+    lines.append({
+        "solo_solvable": f"Solo-solvable: {', '.join(scoring)} score{'s' if len(scoring) == 1 else ''} alone, so "
+                         "the task does not need a partner here and team reward can overstate cooperation (paper "
+                         "§6.4: Overcooked Asymmetric Advantages).",
+        "needs_partner": f"Needs a partner: every agent alone scores 0 while the full team scores "
+                         f"{fmt(f_mean)} {units}, so the team's reward is behaviour that only works with a partner, "
+                         "evidence of coordination (paper §6.4: Overcooked Forced Coordination).",
+        "not_informative": "Not informative: the full team itself scores 0 on these seeds, so solo scores of 0 say "
+                           "nothing about coordination.",
+        "undetermined": "Undetermined: every solo score is 0 and the full team's return on these seeds is not "
+                        "recorded.",
+    }[verdict])
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------------------------
@@ -632,6 +720,12 @@ def write_report(run_dir: str | Path) -> Path:
     gif = run_dir / "episode.gif"
     if not gif.exists():
         missing.append("`episode.gif` missing")
+    solo, solo_why = load_json(run_dir / "solo.json")
+    if solo_why == "missing":
+        if _num(cfg.get("solo_episodes")) > 0:
+            missing.append(f"`solo.json` missing (config `solo_episodes` = {cfg['solo_episodes']})")
+    elif solo_why or not isinstance(solo, dict):
+        missing.append(f"`solo.json` {solo_why or 'is not a JSON object'}")
 
     n_agents = None
     if z is not None and "positions" in z:
@@ -649,6 +743,7 @@ def write_report(run_dir: str | Path) -> Path:
     dec_lines, _ = section_decisions(recs, source, note, n_agents, run_dir, lib_names)
     lines += dec_lines + [""]
     lines += section_trajectories(z, z_why, game, eval_eps, recs, run_dir) + [""]
+    lines += section_solo(solo, solo_why, cfg, game) + [""]
     lines += ["## Episode", ""]
     lines += ["![episode](episode.gif)"] if gif.exists() else ["No `episode.gif` in the run directory."]
     lines += ["", "## Missing inputs", ""]

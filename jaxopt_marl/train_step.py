@@ -48,8 +48,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxopt_marl import magrpo
-from lora.model import Decoder
-from lora.sampling import continuation_logprobs
+from lora.model import Decoder, KVCache
 
 # Mesh axis over decisions.
 DATA_AXIS = "data"
@@ -74,7 +73,14 @@ class DecisionBatch:
             :attr:`TrainStep.score`).
         logp_ref: float32[D] the same under the reference policy (adapters off).
         valid: bool[D] real decisions (False = padding).
+        choice_ids: optional int32[D, C] candidate tokens of a restricted choice (``choice_only``
+            scoring: the menu's letter tokens, -1 = no candidate). With it the one-token response's
+            log-prob is taken over the candidates only -- the distribution the rollout sampled from --
+            instead of the whole vocabulary. Requires ``response_len == 1``.
         response_len: static number of response columns (part of the compiled shape).
+        prefix: static shared prompt prefix (token ids) that every row continues: the rendered system
+            turn. ``tokens`` then hold only what follows it, and its K/V is computed once per adapter
+            instead of once per decision (:func:`prefix_cache`). Empty = rows hold whole prompts.
     """
 
     tokens: jax.Array
@@ -85,8 +91,10 @@ class DecisionBatch:
     logp_old: jax.Array
     logp_ref: jax.Array
     valid: jax.Array
-    # Static: changing it recompiles, so callers keep it fixed per run.
+    choice_ids: jax.Array | None = None
+    # Static: changing them recompiles, so callers keep them fixed per run.
     response_len: int = flax.struct.field(pytree_node=False, default=1)
+    prefix: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
 
     @property
     def num_decisions(self) -> int:
@@ -96,7 +104,8 @@ class DecisionBatch:
 def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
                    agent_ids: Sequence[int], advantages: Sequence[float], *, pad_id: int = 0,
                    prompt_len: int | None = None, response_len: int | None = None,
-                   pad_to_multiple: int = 1) -> DecisionBatch:
+                   pad_to_multiple: int = 1, prefix: Sequence[int] = (),
+                   choices: Sequence[Sequence[int]] | None = None) -> DecisionBatch:
     """Packs token lists into a host :class:`DecisionBatch` (logp_old / logp_ref zero until scored).
 
     Args:
@@ -108,19 +117,32 @@ def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
         prompt_len, response_len: column counts (default: the longest; fix them to avoid recompiles).
         pad_to_multiple: D is padded with invalid decisions up to a multiple of this (device count x
             minibatches).
+        prefix: shared prompt prefix; every prompt must start with it, and it is stripped from the
+            rows (``prompt_len`` then counts the tokens after it). See :attr:`DecisionBatch.prefix`.
+        choices: per decision, the candidate tokens of a restricted one-token choice (see
+            :attr:`DecisionBatch.choice_ids`); None = the whole vocabulary.
 
     Returns:
         DecisionBatch of NumPy arrays.
 
     Raises:
-        ValueError: mismatched lengths, an empty prompt or response, or a sequence longer than its
-            column budget.
+        ValueError: mismatched lengths, an empty prompt or response, a sequence longer than its
+            column budget, a prompt that does not start with ``prefix`` (or has nothing after it), or
+            ``choices`` with a response longer than one token or outside its candidates.
     """
     d = len(prompts)
     if not (len(responses) == len(agent_ids) == len(advantages) == d) or d == 0:
         raise ValueError(f"need D > 0 equal-length inputs, got {len(prompts)} prompts, "
                          f"{len(responses)} responses, {len(agent_ids)} agent ids, "
                          f"{len(advantages)} advantages")
+    prefix = tuple(int(x) for x in prefix)
+    if prefix:
+        npre = len(prefix)
+        for i, p in enumerate(prompts):
+            if len(p) <= npre or tuple(int(x) for x in p[:npre]) != prefix:
+                raise ValueError(f"prompt {i} does not start with the shared prefix of {npre} tokens "
+                                 f"(or has nothing after it)")
+        prompts = [p[npre:] for p in prompts]
     if any(len(p) == 0 for p in prompts) or any(len(r) == 0 for r in responses):
         raise ValueError("every prompt and response needs at least one token")
     tp = prompt_len or max(len(p) for p in prompts)
@@ -143,31 +165,102 @@ def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
     valid = np.zeros((rows,), bool)
     valid[:d] = True
     zeros = np.zeros((rows,), np.float32)
+    choice_ids = None
+    if choices is not None:
+        if len(choices) != d:
+            raise ValueError(f"need one candidate list per decision, got {len(choices)} for {d}")
+        if tr != 1:
+            raise ValueError(f"restricted choices need one-token responses, got response_len={tr}")
+        width = max(1, max(len(c) for c in choices))
+        choice_ids = np.full((rows, width), -1, np.int32)
+        for i, (c, r) in enumerate(zip(choices, responses)):
+            if int(r[0]) not in [int(x) for x in c]:
+                raise ValueError(f"decision {i}: response token {r[0]} is not among its candidates "
+                                 f"{list(c)}")
+            choice_ids[i, :len(c)] = c
+        choice_ids[d:, 0] = pad_id  # padding rows: their (pad) response token is the one candidate
     return DecisionBatch(tokens=tokens, attention_mask=attn, response_mask=resp, agent_ids=ids,
                          advantages=adv, logp_old=zeros, logp_ref=zeros.copy(), valid=valid,
-                         response_len=tr)
+                         choice_ids=choice_ids, response_len=tr, prefix=prefix)
+
+
+def prefix_cache(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array,
+                 dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """K/V of the shared prompt prefix, one row per adapter id (-1 = adapters off).
+
+    The adapters change the prefix's K/V, so it is computed once per adapter, not once for all; that
+    is still far cheaper than once per decision (a round has dozens of decisions per agent).
+
+    Args:
+        model: the merged decoder.
+        prefix: P token ids.
+        adapter_rows: int32[R] adapter of each row.
+        dropout_key: LoRA dropout key (None = deterministic).
+
+    Returns:
+        (k, v), each [L, R, P, K, H] in the model dtype.
+    """
+    r = adapter_rows.shape[0]
+    ids = jnp.broadcast_to(jnp.asarray(prefix, jnp.int32)[None], (r, len(prefix)))
+    cache = KVCache.init(model.cfg, r, len(prefix), model.dtype)
+    _, cache = model.hidden(ids, agent_ids=adapter_rows, cache=cache, dropout_key=dropout_key)
+    return cache.k, cache.v
+
+
+def _rows_cache(kv: tuple[jax.Array, jax.Array], rows: jax.Array, extra: int) -> KVCache:
+    """Cache whose row b is prefix row ``rows[b]`` of ``kv``, with ``extra`` free slots after it."""
+    k, v = kv
+    b, p = rows.shape[0], k.shape[2]
+    cache = KVCache(k=k[:, rows], v=v[:, rows], valid=jnp.ones((b, p), bool),
+                    next_pos=jnp.full((b,), p, jnp.int32), index=jnp.asarray(p, jnp.int32))
+    return cache.grow(p + extra)
 
 
 def sequence_logprobs(model: Decoder, batch: DecisionBatch, adapter_ids: jax.Array,
                       dropout_key: jax.Array | None = None,
-                      temperature: float | jax.Array = 1.0) -> jax.Array:
+                      temperature: float | jax.Array = 1.0,
+                      prefix_kv: tuple[jax.Array, jax.Array] | None = None,
+                      prefix_rows: jax.Array | None = None) -> jax.Array:
     """Summed log-prob of each decision's response tokens, float32[D].
 
     Args:
         model: the merged decoder.
-        batch: decisions (only tokens, masks and ``response_len`` are read).
+        batch: decisions (tokens, masks, ``choice_ids``, ``response_len`` and ``prefix`` are read).
         adapter_ids: int32[D] adapter per row; -1 = reference policy (adapters off).
         dropout_key: LoRA dropout key (None = deterministic).
         temperature: sampling temperature of the rollouts; log-probs are those of the tempered
             distribution the responses were sampled from (``MAGRPOConfig.temperature``).
+        prefix_kv: with ``batch.prefix``, its K/V per adapter from :func:`prefix_cache`.
+        prefix_rows: int32[D] row of ``prefix_kv`` holding each decision's adapter.
+
+    Returns:
+        float32[D]: sum over response tokens of log p_T(token | prompt, earlier tokens); for a batch
+        with ``choice_ids``, ``logit/T - logsumexp(candidate logits / T)`` of the one response token.
+
+    Raises:
+        ValueError: ``batch.prefix`` without ``prefix_kv`` / ``prefix_rows``.
     """
     t = batch.tokens.shape[1]
     tr = min(batch.response_len, t - 1)  # the first column has no predecessor
-    per_token = continuation_logprobs(
-        model, batch.tokens[:, :-tr], batch.attention_mask[:, :-tr], batch.tokens[:, -tr:],
-        batch.response_mask[:, -tr:] & batch.attention_mask[:, -tr:], agent_ids=adapter_ids,
-        dropout_key=dropout_key, temperature=temperature)
-    return per_token.sum(axis=1)
+    cache = None
+    if batch.prefix:
+        if prefix_kv is None or prefix_rows is None:
+            raise ValueError("a batch with a shared prefix needs prefix_kv and prefix_rows")
+        cache = _rows_cache(prefix_kv, prefix_rows, t)
+    h, _ = model.hidden(batch.tokens, attention_mask=batch.attention_mask, agent_ids=adapter_ids,
+                        cache=cache, dropout_key=dropout_key)
+    logits = model.logits(h[:, -tr - 1:-1]) / temperature  # position t predicts token t + 1
+    target = batch.tokens[:, -tr:]
+    picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
+    if batch.choice_ids is None:
+        logp = picked - jax.nn.logsumexp(logits, axis=-1)
+    else:
+        cand = batch.choice_ids
+        cand_logits = jnp.take_along_axis(logits[:, -1], jnp.maximum(cand, 0), axis=-1)
+        norm = jax.nn.logsumexp(jnp.where(cand >= 0, cand_logits, -jnp.inf), axis=-1)
+        logp = picked - norm[:, None]
+    mask = batch.response_mask[:, -tr:] & batch.attention_mask[:, -tr:]
+    return jnp.where(mask, logp, 0.0).sum(axis=1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -319,28 +412,70 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
         agent_ids = np.asarray(agent_ids, np.int32)
         return np.zeros_like(agent_ids) if config.shared_adapter else agent_ids
 
+    def micro_of(size):
+        micro = config.micro_batch if 0 < config.micro_batch < size else size
+        if size % micro:
+            raise ValueError(f"{size} decisions do not split into micro-batches of {micro}")
+        return micro
+
+    def chunked(batch, micro):
+        """[D, ...] -> [D / micro, micro, ...], each chunk split over the mesh's data axis."""
+        size = batch.num_decisions
+        chunks = jax.tree.map(lambda x: x.reshape((size // micro, micro) + x.shape[1:]), batch)
+        return jax.lax.with_sharding_constraint(chunks, NamedSharding(mesh, P(None, DATA_AXIS)))
+
+    def prefix_rows_of(ids):
+        """Row of the (adapters 0..n-1, reference) prefix K/V for adapter ids (-1 -> row n)."""
+        return jnp.where(ids >= 0, ids, n)
+
+    all_rows = jnp.concatenate([jnp.arange(n, dtype=jnp.int32), jnp.full((1,), -1, jnp.int32)])
+
     # 1. Scoring: one program for theta_old and the reference (adapter id -1), so at B = 0 they agree
-    #    bit for bit.
+    #    bit for bit. With a shared prefix its K/V is computed once (per adapter and for the reference)
+    #    and every chunk of decisions continues it.
+    def score_chunks(model, batch, id_sets):
+        kv = prefix_cache(model, batch.prefix, all_rows) if batch.prefix else None
+        micro = micro_of(batch.num_decisions)
+
+        def one(chunk_and_ids):
+            chunk, ids = chunk_and_ids
+            return [sequence_logprobs(model, chunk, a, temperature=config.temperature, prefix_kv=kv,
+                                      prefix_rows=prefix_rows_of(a) if kv is not None else None)
+                    for a in ids]
+
+        ids = [x.reshape(-1, micro) for x in id_sets]
+        out = jax.lax.map(one, (chunked(batch, micro), ids))
+        return [o.reshape(-1) for o in out]
+
     def score(base, adapters, batch, adapter_ids):
         model = nnx.merge(graphdef, adapters, base)
-        return sequence_logprobs(model, batch, adapter_ids, temperature=config.temperature)
+        return score_chunks(model, batch, [adapter_ids])[0]
 
     score_jit = jax.jit(score, in_shardings=(repl, repl, data, data), out_shardings=data)
 
-    def prepare(base, adapters, batch):
-        groups = jnp.asarray(host_adapter_ids(batch.agent_ids))
-        groups = jax.device_put(groups, data)
-        old = score_jit(base, adapters, batch, groups)
-        ref = score_jit(base, adapters, batch, jax.device_put(jnp.full_like(groups, -1), data))
+    def prepare_fn(base, adapters, batch, groups):
+        model = nnx.merge(graphdef, adapters, base)
+        old, ref = score_chunks(model, batch, [groups, jnp.full_like(groups, -1)])
         return batch.replace(logp_old=old, logp_ref=ref)
 
-    # 2. One optimizer step on a minibatch, optionally accumulated over micro-batches.
-    def grads_and_metrics(base, adapters, mb, first, counts):
+    prepare_jit = jax.jit(prepare_fn, in_shardings=(repl, repl, data, data), out_shardings=data)
+
+    def prepare(base, adapters, batch):
+        groups = jax.device_put(jnp.asarray(host_adapter_ids(batch.agent_ids)), data)
+        return prepare_jit(base, adapters, batch, groups)
+
+    # 2. One optimizer step on a minibatch, accumulated over micro-batches. A shared prefix's K/V is
+    #    computed once per step (one row per adapter) and differentiated through jax.vjp: each
+    #    micro-batch returns the gradient with respect to the adapters and to the prefix K/V, and the
+    #    summed K/V cotangent is pulled back through the prefix forward once at the end -- the exact
+    #    gradient of the loss over the full rows, at the cost of one prefix pass per adapter.
+    def grads_and_metrics(base, adapters, kv, mb, first, counts):
         groups = groups_of(mb.agent_ids)
 
-        def loss_fn(adapters):
+        def loss_fn(adapters, kv):
             model = nnx.merge(graphdef, adapters, base)
-            live = sequence_logprobs(model, mb, groups, temperature=config.temperature)
+            live = sequence_logprobs(model, mb, groups, temperature=config.temperature,
+                                     prefix_kv=kv, prefix_rows=groups if kv is not None else None)
             # First step of the round: theta == theta_old, take logp_old's value, the live gradient.
             lp = jnp.where(first, mb.logp_old + (live - jax.lax.stop_gradient(live)), live)
             return magrpo.magrpo_loss(
@@ -348,38 +483,39 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
                 clip_eps=config.clip_eps, kl_beta=config.kl_beta,
                 policy_loss=config.policy_loss, kl_estimator=config.kl_estimator, counts=counts)
 
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(adapters)
-        return grads, metrics
+        (_, metrics), (grads, kv_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+            adapters, kv)
+        return grads, kv_grads, metrics
 
     def step(base, adapters, opt_state, mb, first):
         counts = magrpo.group_counts(groups_of(mb.agent_ids), mb.valid, n)
-        size = mb.num_decisions
-        micro = config.micro_batch if 0 < config.micro_batch < size else size
-        if size % micro:
-            raise ValueError(f"minibatch of {size} decisions does not split into micro-batches of "
-                             f"{micro}")
-        if micro == size:
-            grads, metrics = grads_and_metrics(base, adapters, mb, first, counts)
-        else:
-            chunks = jax.tree.map(lambda x: x.reshape((size // micro, micro) + x.shape[1:]), mb)
-            chunks = jax.lax.with_sharding_constraint(chunks, NamedSharding(mesh, P(None, DATA_AXIS)))
+        micro = micro_of(mb.num_decisions)
+        kv, prefix_vjp = None, None
+        if mb.prefix:
+            kv, prefix_vjp = jax.vjp(
+                lambda ad: prefix_cache(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]),
+                adapters)
 
-            def acc(carry, chunk):
-                g_sum, m_acc = carry
-                g, m = grads_and_metrics(base, adapters, chunk, first, counts)
-                g_sum = jax.tree.map(jnp.add, g_sum, g)
-                m_acc = {k: (jnp.minimum if k == "ratio_min" else
-                             jnp.maximum if k == "ratio_max" else jnp.add)(m_acc[k], v)
-                         for k, v in m.items()}
-                return (g_sum, m_acc), None
+        def acc(carry, chunk):
+            g_sum, kv_sum, m_acc = carry
+            g, g_kv, m = grads_and_metrics(base, adapters, kv, chunk, first, counts)
+            g_sum = jax.tree.map(jnp.add, g_sum, g)
+            kv_sum = jax.tree.map(jnp.add, kv_sum, g_kv)
+            m_acc = {k: (jnp.minimum if k == "ratio_min" else
+                         jnp.maximum if k == "ratio_max" else jnp.add)(m_acc[k], v)
+                     for k, v in m.items()}
+            return (g_sum, kv_sum, m_acc), None
 
-            big = jnp.finfo(jnp.float32).max
-            m0 = {k: jnp.zeros((n,), jnp.float32) for k in
-                  ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "count")}
-            m0["ratio_min"] = jnp.full((n,), big)
-            m0["ratio_max"] = jnp.full((n,), -big)
-            (grads, metrics), _ = jax.lax.scan(
-                acc, (jax.tree.map(jnp.zeros_like, adapters), m0), chunks)
+        big = jnp.finfo(jnp.float32).max
+        m0 = {k: jnp.zeros((n,), jnp.float32) for k in
+              ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "count")}
+        m0["ratio_min"] = jnp.full((n,), big)
+        m0["ratio_max"] = jnp.full((n,), -big)
+        zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
+        (grads, kv_grads, metrics), _ = jax.lax.scan(
+            acc, (zeros(adapters), zeros(kv), m0), chunked(mb, micro))
+        if prefix_vjp is not None:
+            grads = jax.tree.map(jnp.add, grads, prefix_vjp(kv_grads)[0])
         metrics["grad_norm"] = agent_global_norms(grads)
         updates, new_opt = optimizer.update(grads, opt_state, adapters)
         new_adapters = optax.apply_updates(adapters, updates)

@@ -12,6 +12,14 @@ One round ``r``:
 4. adapters, optimizer state and the round number are checkpointed atomically (:mod:`lora.checkpoint`), the
    decisions go to ``decisions/round_XXXX.jsonl`` and one line with namespaced keys to ``metrics.jsonl``.
 
+Checkpoint rule (paper §6.1: "highest training-time team return"): the K rollouts of round r are played by the
+adapters held at the *start* of round r (before its update), so round r's mean team return scores those
+adapters. Whenever it is strictly greater than every earlier round's (ties keep the earliest; round 0 always sets
+it), those adapters (and the optimizer state of that moment) are written to a second orbax directory
+``best/`` (one step, ``max_to_keep=1``, step number = r, meta ``{"round": r, "train_return": mean}``), before
+the update and before the round's main checkpoint. :meth:`Trainer.best_adapters` loads them for evaluation.
+The main checkpoint's meta also carries ``best_round`` / ``best_return``, the best known when it was written.
+
 Determinism and resume: every random draw of round ``r`` comes from ``fold_in(PRNGKey(seed), r)`` (rollout
 keys, env seeds, update key), and the state carried between rounds is exactly what the checkpoint holds
 (adapters, optimizer state). A run stopped after round r and resumed with ``resume=True`` therefore ends with
@@ -24,7 +32,7 @@ Metrics (one JSON line per round):
     update metrics averaged over optimizer steps and agents with decisions: ``train/loss``, ``train/pg_loss``,
     ``train/kl``, ``train/clip_frac``, ``train/ratio_mean``, ``train/grad_norm``; ``perf/decisions_per_s``
     (rollout decisions per rollout second), ``perf/rollout_s``, ``perf/llm_s``, ``perf/update_s``,
-    ``perf/round_s``.
+    ``perf/round_s``; ``train/best_round``, ``train/best_return`` (the best round so far and its mean return).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
 from jaxopt_marl import magrpo
 from jaxopt_marl import train_step as ts
@@ -125,6 +134,10 @@ class Trainer:
         self.step = step or ts.make_train_step(self.graphdef, mcfg, ts.make_mesh(1), num_adapters=n_adapters)
         self.state = TrainState(adapters=adapters, opt_state=ts.init_opt_state(self.step, adapters), round=0)
         self.manager = ckpt.make_manager(str(self.run_dir / "checkpoints"), max_to_keep=tcfg.keep_checkpoints)
+        # Checkpoint rule: the adapters with the highest training-time team return (module docstring).
+        self.best_manager = ckpt.make_manager(str(self.run_dir / "best"), max_to_keep=1)
+        #: ``(round, mean team return)`` of the best round so far, None before round 0 has been played.
+        self.best: tuple[int, float] | None = None
         self.metrics_path = self.run_dir / "metrics.jsonl"
         (self.run_dir / "decisions").mkdir(parents=True, exist_ok=True)
 
@@ -149,11 +162,87 @@ class Trainer:
         # Metrics of rounds after the checkpoint belong to the interrupted attempt.
         rows = [m for m in read_metrics(self.metrics_path) if m["round"] < self.state.round]
         _write_jsonl(self.metrics_path, rows)
+        self.best = self._restore_best(meta)
         return self.state.round
 
+    def _best_meta(self) -> dict | None:
+        """Meta of the ``best/`` checkpoint (``round``, ``train_return``, ...), None if there is none.
+
+        Raises:
+            ValueError: ``best/`` holds a checkpoint whose meta cannot be read (message names the directory).
+        """
+        step = self.best_manager.latest_step()
+        if step is None:
+            return None
+        try:
+            meta = self.best_manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            meta = dict(meta["meta"])
+            return {**meta, "round": int(meta.get("round", step)), "train_return": float(meta["train_return"])}
+        except Exception as e:  # orbax raises many types on corrupt data
+            raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible "
+                             f"({type(e).__name__}: {e})") from e
+
+    def _restore_best(self, meta: dict) -> tuple[int, float] | None:
+        """The best-so-far after a restore, from ``best/`` checked against the main checkpoint's meta.
+
+        ``best/`` is written before the round's main checkpoint, so a run killed in between leaves ``best/`` at
+        the round being replayed (``round == state.round``): it holds exactly the restored adapters (those that
+        start that round) with the return that attempt measured, and stays the best unless the replay beats it.
+        A ``best/`` from a round the main checkpoint does not cover yet cannot exist otherwise; one that
+        disagrees with the meta (e.g. copied by hand) is reported and the meta wins where it can.
+        """
+        disk = self._best_meta()
+        if disk is not None and disk["round"] <= self.state.round:
+            if meta.get("best_round") is not None and disk["round"] < int(meta["best_round"]):
+                log.warning("%s: holds round %d but the checkpoint says the best round is %s; the best adapters "
+                            "of that round are lost", self.run_dir / "best", disk["round"], meta["best_round"])
+            return disk["round"], disk["train_return"]
+        if disk is not None:
+            log.warning("%s: holds round %d, beyond the restored round %d; ignored until it is replayed",
+                        self.run_dir / "best", disk["round"], self.state.round)
+        if meta.get("best_round") is not None:
+            log.warning("%s: missing; the checkpoint's best round %s cannot be evaluated", self.run_dir / "best",
+                        meta["best_round"])
+        elif self.state.round > 0:
+            log.warning("%s: no best checkpoint (a run from before the checkpoint rule); the best is chosen "
+                        "among the rounds from %d on", self.run_dir / "best", self.state.round)
+        return None
+
+    def save_best(self, round_idx: int, train_return: float, adapters, opt_state) -> None:
+        """Writes ``best/`` (atomically, replacing the previous best): the adapters that played round
+        ``round_idx``'s rollouts and their mean training team return (apples / deliveries)."""
+        ckpt.save(self.best_manager, round_idx, adapters, opt_state,
+                  meta={"round": int(round_idx), "train_return": float(train_return), "seed": self.tcfg.seed,
+                        "rule": "highest training-time team return (paper §6.1)"})
+        self.best = (int(round_idx), float(train_return))
+
+    def best_adapters(self) -> tuple[object, int, float] | None:
+        """The adapters with the highest training-time team return (paper §6.1 checkpoint rule).
+
+        Returns:
+            ``(adapters, round, train_return)``: the adapter ``nnx.State`` (same structure as
+            ``state.adapters``, a fresh copy) that played round ``round``'s rollouts, and that round's mean team
+            return over its K rollouts (apples eaten / soups delivered); None if no round has been played.
+
+        Raises:
+            ValueError: the ``best/`` checkpoint cannot be read (message names the directory).
+        """
+        step = self.best_manager.latest_step()
+        if step is None:
+            return None
+        template = jax.tree.map(jnp.copy, self.state.adapters)
+        try:
+            adapters, _, meta = ckpt.restore(self.best_manager, template, self.state.opt_state, step)
+        except Exception as e:  # orbax raises many types on corrupt data
+            raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible "
+                             f"({type(e).__name__}: {e})") from e
+        return adapters, int(meta.get("round", step)), float(meta["train_return"])
+
     def save(self) -> None:
+        best_round, best_return = self.best if self.best is not None else (None, None)
         ckpt.save(self.manager, self.state.round, self.state.adapters, self.state.opt_state,
-                  meta={"round": self.state.round, "seed": self.tcfg.seed})
+                  meta={"round": self.state.round, "seed": self.tcfg.seed, "best_round": best_round,
+                        "best_return": best_return})
 
     # -- one round --------------------------------------------------------------------------------------
 
@@ -163,10 +252,16 @@ class Trainer:
         responses = [d.response_ids for _, _, d in res.decisions]
         aids = [a for _, a, _ in res.decisions]
         advs = [float(adv[b]) for b, _, _ in res.decisions]
-        tp = -(-max(map(len, prompts)) // PROMPT_BUCKET) * PROMPT_BUCKET
+        # The shared system turn is stripped from the rows and run once per adapter (TrainStep); choice_only
+        # decisions carry their menu's letter tokens so the update scores the distribution they were drawn from.
+        prefix = self.policy.prefix_ids if self.policy.cfg.prefix_cache else []
+        choices = [d.choices for _, _, d in res.decisions]
+        choices = None if any(c is None for c in choices) else choices
+        tp = -(-max(len(p) - len(prefix) for p in prompts) // PROMPT_BUCKET) * PROMPT_BUCKET
         multiple = max(1, self.mcfg.micro_batch) * self.mcfg.num_minibatches
         return ts.pack_decisions(prompts, responses, aids, advs, pad_id=self.policy.pad_id, prompt_len=tp,
-                                 response_len=self.policy.cfg.response_len, pad_to_multiple=max(multiple, 4))
+                                 response_len=self.policy.cfg.response_len, pad_to_multiple=max(multiple, 4),
+                                 prefix=prefix, choices=choices)
 
     def run_round(self, progress: bool = False) -> dict:
         """Plays, updates and checkpoints round ``state.round``; returns its metrics line."""
@@ -177,6 +272,10 @@ class Trainer:
         res = self.roller.collect(train_seeds(self.tcfg.seed, r, k), k_roll, round_idx=r, progress=progress,
                                   desc=f"round {r} rollouts")
         _write_jsonl(self.run_dir / "decisions" / f"round_{r:04d}.jsonl", res.traces)
+        # Checkpoint rule: these rollouts scored the adapters held now, before this round's update.
+        ret = float(res.returns.mean())
+        if self.best is None or ret > self.best[1]:
+            self.save_best(r, ret, self.state.adapters, self.state.opt_state)
         adv_fn = magrpo.get("advantage", self.mcfg.advantage)
         adv = np.asarray(adv_fn(jnp.asarray(res.returns), ddof=self.mcfg.std_ddof))
         zero = not np.any(adv != 0)
@@ -200,7 +299,7 @@ class Trainer:
         outcomes = [t["outcome"] for t in res.traces if t["outcome"] not in ("running", "episode_end", "idle")]
         line = {
             "round": r,
-            "train/return_mean": float(res.returns.mean()),
+            "train/return_mean": ret,
             "train/return_std": float(res.returns.std()),
             "train/return_min": float(res.returns.min()),
             "train/return_max": float(res.returns.max()),
@@ -212,6 +311,8 @@ class Trainer:
             else 0.0,
             "train/adv_zero": bool(zero),
             "train/updated": bool(updated),
+            "train/best_round": self.best[0],
+            "train/best_return": self.best[1],
             **{"train/kl": 0.0, "train/clip_frac": 0.0, **upd},
             "perf/decisions_per_s": res.num_decisions / max(res.seconds, 1e-9),
             "perf/rollout_s": res.seconds,

@@ -4,7 +4,9 @@ Tensor names and metadata keys follow gguf-py (``gguf/constants.py``, ``gguf/ten
 llama.cpp's ``convert_hf_to_gguf.py``. For the ``llama`` architecture that converter permutes the rows
 of Q and K (``LlamaModel.permute``) so llama.cpp's interleaved-pair RoPE matches HF's rotate_half
 layout; :func:`unpermute_qk` undoes it. Qwen2/Qwen3 are converted without the permutation (llama.cpp
-uses NeoX-style RoPE for them).
+uses NeoX-style RoPE for them). Llama-3.1-style RoPE scaling arrives as a ``rope_freqs.weight`` tensor
+of per-frequency divisors (the converter's ``generate_extra_tensors``); :func:`llama3_rope_scaling`
+turns it back into HF's ``rope_scaling`` (rope_type "llama3").
 """
 
 from __future__ import annotations
@@ -77,6 +79,78 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
   return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+def llama3_factors(inv_freq: np.ndarray, factor: float, low: float, high: float,
+                   original: float) -> np.ndarray:
+  """Per-frequency divisors of HF's ``llama3`` RoPE scaling (``_compute_llama3_parameters``), as
+  convert_hf_to_gguf.py stores them in ``rope_freqs.weight`` (llama.cpp divides each angle by its
+  factor): 1 for wavelengths < original / high, ``factor`` above original / low, interpolated
+  between."""
+  wavelen = 2 * np.pi / inv_freq
+  smooth = (original / wavelen - low) / (high - low)
+  mid = 1.0 / ((1 - smooth) / factor + smooth)
+  return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, mid))
+
+
+def llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int, hints: dict,
+                        path: str) -> tuple | None:
+  """Recovers an HF ``rope_scaling`` (rope_type "llama3") from GGUF ``rope_freqs.weight``.
+
+  The divisors fix the model's angles but not (original, low, high) uniquely (scaling all three
+  gives the same angles), so this returns the first of: Llama 3.1's published values (low 1, high
+  4, original 8192 or ``{arch}.rope.scaling.original_context_length``), a least-squares fit of the
+  interpolated band, or band edges placed between the kept/interpolated/divided wavelengths -- that
+  reproduces every divisor to 1e-5 relative.
+
+  Args:
+    factors: float[head_dim / 2] divisors from the file.
+    hints: ``factor`` and ``original_context_length`` from ``{arch}.rope.scaling.*`` (or None).
+
+  Returns:
+    The ``ModelConfig.rope_scaling`` tuple, or None when every divisor is 1.
+
+  Raises:
+    ValueError: (naming ``path``) if the divisors are not a llama3 scaling of this RoPE.
+  """
+  inv = 1.0 / (rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+  if factors.shape != inv.shape:
+    raise ValueError(f"{path}: rope_freqs.weight has {factors.size} entries, expected "
+                     f"head_dim / 2 = {inv.size}")
+  if np.allclose(factors, 1.0, rtol=0, atol=1e-6):
+    return None
+  factor = float(hints.get("factor") or factors.max())
+  wavelen = 2 * np.pi / inv
+  keep = np.abs(factors - 1.0) <= 1e-5
+  div = np.abs(factors - factor) <= 1e-5 * factor
+  mid = ~keep & ~div
+  candidates = [(factor, 1.0, 4.0, float(hints.get("original_context_length") or 8192))]
+  if factor > 1 and mid.sum() >= 2:
+    # 1/d = (1 - s)/factor + s with s = original / (2 pi (high - low)) * inv - low / (high - low).
+    s = (1.0 / factors[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
+    slope, intercept = np.polyfit(inv[mid], s, 1)
+    if slope > 0 and intercept < 0:
+      high = 1.0 - 1.0 / intercept  # with low = 1
+      original = slope * 2 * np.pi * (high - 1.0)
+      candidates += [(factor, 1.0, round(high, 3), float(round(original))),
+                     (factor, 1.0, high, original)]
+  if factor > 1 and mid.sum() <= 1 and div.any() and keep.any():
+    original = wavelen[div].min() * (1 - 1e-6)  # low = 1: divided above `original`
+    if mid.any():  # one interpolated wavelength w: s = (original / w - 1) / (high - 1)
+      s = (1.0 / factors[mid][0] - 1.0 / factor) / (1.0 - 1.0 / factor)
+      high = 1.0 + (original / wavelen[mid][0] - 1.0) / s if s > 0 else np.inf
+    else:  # kept below original / high, nothing in between
+      high = (original / wavelen[keep].max() + 1.0) / 2
+    candidates.append((factor, 1.0, float(high), float(original)))
+  for f, low, high, original in candidates:
+    if np.isfinite(high) and high > low and np.allclose(
+        llama3_factors(inv, f, low, high, original), factors, rtol=1e-5, atol=0):
+      original = int(original) if float(original).is_integer() else float(original)
+      return (("factor", float(f)), ("high_freq_factor", float(high)),
+              ("low_freq_factor", float(low)), ("original_max_position_embeddings", original),
+              ("rope_type", "llama3"))
+  raise ValueError(f"{path}: rope_freqs.weight {np.round(factors, 4).tolist()} is not a llama3 "
+                   f"RoPE scaling of theta={rope_theta:g}, head_dim={head_dim}")
+
+
 def _field_value(field):
   """Decodes a GGUFReader field to Python (str, number, or list)."""
   try:
@@ -130,15 +204,20 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
   names = {t.name for t in reader.tensors}
   tokens = meta.get("tokenizer.ggml.tokens") or []
   vocab = int(meta.get(f"{arch}.vocab_size", len(tokens)))
-  if "rope_freqs.weight" in names:
-    raise ValueError(f"{path}: rope_freqs (Llama-3.1 rope scaling in GGUF) is not supported")
   if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
     raise ValueError(f"{path}: rope scaling {meta[f'{arch}.rope.scaling.type']!r} not supported")
+  rope_theta = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
+  rope_scaling = None
+  if "rope_freqs.weight" in names:
+    t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+    factors = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float64).reshape(-1)
+    hints = {k: meta.get(f"{arch}.rope.scaling.{k}") for k in ("factor", "original_context_length")}
+    rope_scaling = llama3_rope_scaling(factors, rope_theta, head_dim, hints, path)
   cfg = ModelConfig(
       architecture=arch, vocab_size=vocab, hidden_size=n_embd,
       num_layers=int(get("block_count")), num_heads=n_head, num_kv_heads=n_kv, head_dim=head_dim,
       intermediate_size=int(get("feed_forward_length")),
-      rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+      rope_theta=rope_theta, rope_scaling=rope_scaling,
       rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
       tie_embeddings="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
       qk_norm="blk.0.attn_q_norm.weight" in names,
@@ -146,6 +225,8 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
 
   weights: dict[str, np.ndarray] = {}
   for t in reader.tensors:
+    if t.name == "rope_freqs.weight":  # folded into cfg.rope_scaling above
+      continue
     hf = None
     for pattern, template in GGUF_TO_HF:
       m = re.fullmatch(pattern, t.name)

@@ -30,7 +30,13 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
                      f"(architectures={hf.get('architectures')}); supported: {sorted(MODEL_TYPES)}")
   arch = MODEL_TYPES[model_type]
   n_head = hf["num_attention_heads"]
+  # transformers >= 5 saves RoPE settings under "rope_parameters" (theta included) instead of the
+  # top-level "rope_theta" / "rope_scaling" of 4.x configs; accept both.
+  rope_params = dict(hf.get("rope_parameters") or {})
+  rope_theta = float(hf.get("rope_theta", rope_params.get("rope_theta", 10000.0)))
   rope_scaling = hf.get("rope_scaling")
+  if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+    rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
   if rope_scaling is not None:
     rope_scaling = tuple(sorted((k, v) for k, v in rope_scaling.items()
                                 if not isinstance(v, (list, dict))))
@@ -39,7 +45,7 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
       num_layers=hf["num_hidden_layers"], num_heads=n_head,
       num_kv_heads=hf.get("num_key_value_heads") or n_head,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
-      intermediate_size=hf["intermediate_size"], rope_theta=float(hf.get("rope_theta", 10000.0)),
+      intermediate_size=hf["intermediate_size"], rope_theta=rope_theta,
       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       qkv_bias=bool(hf.get("attention_bias", arch == "qwen2")),

@@ -15,7 +15,7 @@ import os
 import numpy as np
 from flax import nnx
 
-from lora.config import LoRAConfig
+from lora.config import LoRAConfig, ModelConfig
 from lora.model import Decoder, LoRAParam
 
 _MODULE_PREFIX = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
@@ -66,6 +66,54 @@ def export_peft(model: Decoder, agent: int, directory: str,
       "init_lora_weights": True, "modules_to_save": None}
   with open(os.path.join(directory, "adapter_config.json"), "w") as f:
     json.dump(config, f, indent=2)
+  return directory
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+  """The HF ``config.json`` dict of ``cfg`` (inverse of :func:`lora.hf_loader.config_from_hf`).
+
+  Field names follow transformers ``models/{llama,qwen2,qwen3}/configuration_*.py`` (the legacy
+  top-level ``rope_theta`` / ``rope_scaling`` spelling, which transformers 4.x and 5.x both read).
+  """
+  arch = cfg.architecture
+  config = {
+      "model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "qwen2":
+                                             "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]],
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+      "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+      "intermediate_size": cfg.intermediate_size, "hidden_act": "silu",
+      "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
+      "tie_word_embeddings": cfg.tie_embeddings,
+      "max_position_embeddings": cfg.max_position_embeddings, "torch_dtype": "float32"}
+  if arch == "qwen2":
+    if not cfg.qkv_bias:  # transformers' Qwen2Attention always has q/k/v biases
+      raise ValueError("qwen2 without q/k/v biases has no transformers equivalent")
+    config["use_sliding_window"] = False
+  else:
+    config["attention_bias"] = cfg.qkv_bias
+  if arch != "qwen3" and cfg.qk_norm:
+    raise ValueError(f"{arch} with q/k norms has no transformers equivalent")
+  if cfg.rope_scaling is not None:
+    config["rope_scaling"] = dict(cfg.rope_scaling)
+  return config
+
+
+def export_hf_base(model: Decoder, directory: str) -> str:
+  """Writes the frozen base as an HF checkpoint directory (``model.safetensors`` + ``config.json``,
+  float32, no tokenizer) that ``transformers.AutoModelForCausalLM.from_pretrained`` and
+  :func:`lora.load_model` read; the base a PEFT adapter from :func:`export_peft` applies to.
+
+  Returns:
+    The directory written.
+  """
+  from safetensors.numpy import save_file
+  from lora.params import export_hf_weights
+  os.makedirs(directory, exist_ok=True)
+  save_file(export_hf_weights(model), os.path.join(directory, "model.safetensors"),
+            metadata={"format": "pt"})
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config(model.cfg), f, indent=2)
   return directory
 
 

@@ -162,6 +162,61 @@ def test_solo_test_calls_rollout_per_agent_and_seed():
     np.testing.assert_allclose(steps.team_return, [[3], [3]])
 
 
+def test_solo_test_batched_one_call_per_agent_and_reused_full_team():
+    calls = []
+
+    def rollout(active, seeds):
+        calls.append((tuple(active), seeds))
+        # agent 0 alone scores seed % 10 on every seed; agent 1 alone scores nothing: per-agent returns [S, N]
+        return np.array([[s % 10 if active[0] else 0.0, 0.0] for s in seeds])
+
+    res = audit.solo_test(rollout, 2, [11, 13, 14], batched=True, full_team=[5.0, 6.0, 7.0])
+    assert calls == [((True, False), (11, 13, 14)), ((False, True), (11, 13, 14))]  # no full-team call
+    np.testing.assert_allclose(res.team_return, [[1, 3, 4], [0, 0, 0]])
+    np.testing.assert_allclose(res.agent_return, [[1, 3, 4], [0, 0, 0]])
+    np.testing.assert_allclose(res.full_team, [5, 6, 7])
+    assert res.verdict() == "solo_solvable"
+    d = res.as_dict("deliveries")
+    assert d["seeds"] == [11, 13, 14] and d["units"] == "deliveries" and d["verdict"] == "solo_solvable"
+    assert d["agents"][0]["solo_team"] == {"mean": pytest.approx(8 / 3), "std": pytest.approx(math.sqrt(7 / 3)),
+                                           "n": 3}
+    assert d["agents"][1]["own_return"] == [0.0, 0.0, 0.0] and d["full_team"]["mean"] == 6.0
+    # Without full_team the full team runs once, batched too; the same answer as the per-episode form.
+    calls.clear()
+    full = audit.solo_test(rollout, 2, [11, 13, 14], batched=True)
+    assert len(calls) == 3 and calls[-1][0] == (True, True)
+    per_ep = audit.solo_test(lambda a, s: rollout(a, (s,))[0], 2, [11, 13, 14])
+    for f in ("team_return", "agent_return", "full_team"):
+        np.testing.assert_allclose(getattr(full, f), getattr(per_ep, f))
+    # A team return that is not the sum over agents (Overcooked: a delivery rewards both agents), per-step rewards.
+    shared = audit.solo_test(lambda a, ss: {"team": np.ones(len(ss)), "agent": np.ones((len(ss), 4, 2)) * a},
+                             2, [0, 1], batched=True, include_full_team=False)
+    np.testing.assert_allclose(shared.team_return, [[1, 1], [1, 1]])
+    np.testing.assert_allclose(shared.agent_return, [[4, 4], [4, 4]])
+    assert np.isnan(shared.full_team).all() and shared.as_dict()["full_team"]["mean"] is None
+    with pytest.raises(ValueError, match="shape"):
+        audit.solo_test(lambda a, ss: np.zeros((len(ss), 3)), 2, [0, 1], batched=True)
+    with pytest.raises(ValueError, match="3 values for 2 seeds"):
+        audit.solo_test(rollout, 2, [0, 1], batched=True, full_team=[1, 2, 3])
+
+
+def test_solo_verdict_reads_the_paper_way():
+    assert audit.solo_verdict([[0, 2], [0, 0]], [3, 3]) == "solo_solvable"  # AA: an agent alone delivers
+    assert audit.solo_verdict([[0, 0], [0, 0]], [3, 1]) == "needs_partner"  # FC: 0 alone, the team scores
+    assert audit.solo_verdict([[0, 0], [0, 0]], [0, 0]) == "not_informative"  # the team scores nothing either
+    assert audit.solo_verdict([[0, 0], [0, 0]], [np.nan, np.nan]) == "undetermined"
+
+
+def test_rollout_trace_spelling():
+    # jaxopt_marl.rollout writes ``option`` and a bool ``parse_fail``
+    recs = [{"aid": 0, "option": "deliver", "outcome": "success", "parse_fail": False},
+            {"aid": 1, "option": "wait", "outcome": "running", "parse_fail": True}]
+    names, counts = audit.option_histogram(recs, 2)
+    assert names == ("deliver", "wait") and counts.tolist() == [[1, 0], [0, 1]]
+    np.testing.assert_allclose(audit.parse_fail_rate(recs, 2), [0.0, 1.0])
+    assert audit.successes_per_agent(recs, num_agents=2).tolist() == [1, 0]
+    assert list(audit.outcome_table(recs)) == ["deliver", "wait"]
+
 def test_decision_trace_audits():
     recs = _cleanup_decisions() + [_rec(0, "clean_dirt", "explicit:NoPath")]
     tab = audit.outcome_table(recs)

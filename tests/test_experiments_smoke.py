@@ -16,7 +16,7 @@ from experiments import common
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
              "decisions/round_0000.jsonl", "decisions/round_0001.jsonl", "decisions/eval.jsonl",
-             "decisions/eval_base.jsonl", "eval.json", "eval_traj.npz", "episode.gif", "report.md")
+             "decisions/eval_base.jsonl", "eval.json", "solo.json", "eval_traj.npz", "episode.gif", "report.md")
 
 
 def _cli(*args, timeout=900):
@@ -39,6 +39,9 @@ def test_smoke_run_writes_every_file(smoke_run):
     for f in RUN_FILES:
         assert (out / f).exists(), f
     assert (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
+    assert (out / "best").is_dir() and any(d.name.isdigit() for d in (out / "best").iterdir())
+    for f in ("best/", "solo.json"):
+        assert f"wrote {out / f}" in stdout
     assert "REDUCED BUDGET" in stdout
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["game"] == "overcooked_aa" and cfg["preset"] == "smoke" and cfg["reduced_budget"]
@@ -48,11 +51,22 @@ def test_smoke_run_writes_every_file(smoke_run):
     assert ev["seeds"] == [10000, 10001]
     assert len(ev["trained"]["episodes"]) == 2 and ev["base"]["policy"] == "frozen_base"
     assert {"team_return", "efficiency", "equality", "peace"} <= set(ev["trained"]["episodes"][0])
+    # Paper §6.1 checkpoint rule: the adapters of the round with the highest mean training team return.
+    assert ev["checkpoint_rule"] == "highest training-time team return (paper §6.1)"
+    assert ev["eval_checkpoint"] == "best"
+    best = max(metrics, key=lambda m: (m["train/return_mean"], -m["round"]))  # ties: the earliest round
+    assert ev["checkpoint_round"] == best["round"] and ev["checkpoint_train_return"] == best["train/return_mean"]
+    # Paper §6.4 solo test on 1 seed (smoke preset), the full team's return reused from the evaluation.
+    solo = json.loads((out / "solo.json").read_text())
+    assert solo["seeds"] == [10000] and solo["units"] == "deliveries" and len(solo["agents"]) == 2
+    assert solo["full_team"]["returns"] == [ev["trained"]["episodes"][0]["team_return"]]
+    assert {"solo_team_return", "own_return"} <= set(solo["agents"][0])
     traj = np.load(out / "eval_traj.npz")
     assert traj["positions"].shape == (2, 12, 2, 2) and traj["positions"].dtype == np.int32
     assert traj["rewards"].shape == (2, 12, 2) and traj["alive"].dtype == bool
     assert traj["options"].shape == (2, 12, 2) and "base_positions" in traj
-    assert "Reduced budget" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Reduced budget" in report and "### Solo test" in report
 
 
 def test_existing_run_dir_is_never_overwritten(smoke_run):
@@ -80,6 +94,8 @@ def test_corrupt_checkpoint_on_resume(smoke_run, tmp_path):
     (["--layout", "xx", "--preset", "smoke"], "unknown layout 'xx'"),
     (["--layout", "aa", "--preset", "smoke", "--model", "/nonexistent/model"], "/nonexistent/model does not exist"),
     (["--layout", "aa", "--preset", "smoke", "--mode", "beam"], "unknown scoring mode 'beam'"),
+    (["--layout", "aa", "--preset", "smoke", "--eval-checkpoint", "last"], "unknown eval checkpoint 'last'"),
+    (["--layout", "aa", "--preset", "smoke", "--solo-episodes", "3"], "solo_episodes must be in 0..eval_episodes"),
 ])
 def test_bad_input_fails_before_compute(argv, message, tmp_path):
     with pytest.raises(SystemExit, match=message):
@@ -109,3 +125,12 @@ def test_presets_follow_the_paper():
     assert common.RunConfig.paper("harvest").episode_steps == 400
     c = common.RunConfig.cpu("cleanup")
     assert c.reduced_budget and c.mode == "choice_only" and not p.reduced_budget
+    # checkpoint rule (§6.1) and solo test (§6.4)
+    assert p.eval_checkpoint == o.eval_checkpoint == c.eval_checkpoint == "best"
+    assert (p.solo_episodes, o.solo_episodes, common.RunConfig.paper("harvest").solo_episodes) == (2, 5, 2)
+    assert c.solo_episodes == common.RunConfig.smoke("overcooked_aa").solo_episodes == 1
+    assert common.RunConfig.paper("overcooked_aa", eval_episodes=3).solo_episodes == 3  # capped by the evaluation
+    args = common.build_parser("x", layout=True).parse_args(["--preset", "paper", "--eval-checkpoint", "final",
+                                                             "--solo-episodes", "0"])
+    cfg = common.config_from_args("overcooked_fc", args)
+    assert (cfg.eval_checkpoint, cfg.solo_episodes) == ("final", 0)

@@ -1,6 +1,8 @@
 """Loaders: HF checkpoint directory and GGUF round trips on tiny random models, and bad input."""
 
+import dataclasses
 import json
+import math
 import os
 
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ from flax import nnx
 import lora
 from lora import Decoder, ModelConfig, sampling
 from lora.gguf_loader import permute_qk, unpermute_qk
+from lora.model import rope_inv_freq
 from lora.params import export_hf_weights
 
 VOCAB = 128
@@ -89,11 +92,16 @@ def test_permutation_is_invertible_and_not_identity():
   np.testing.assert_array_equal(p[:4, 0], w[[0, 4, 1, 5], 0])
 
 
-def _write_gguf(path, model: Decoder):
+def _write_gguf(path, model: Decoder, rope_factors=None):
   import gguf
   cfg = model.cfg
   w = export_hf_weights(model)
   writer = gguf.GGUFWriter(path, "llama")
+  if cfg.head_dim != cfg.hidden_size // cfg.num_heads:
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+  if rope_factors is not None:
+    writer.add_tensor("rope_freqs.weight", np.asarray(rope_factors, np.float32))
   writer.add_block_count(cfg.num_layers)
   writer.add_context_length(cfg.max_position_embeddings)
   writer.add_embedding_length(cfg.hidden_size)
@@ -148,6 +156,71 @@ def test_gguf_writer_round_trip_undoes_qk_permutation(tmp_path):
   np.testing.assert_array_equal(sampling.forward(gd, st, ids), sampling.forward(gd0, st0, ids))
 
 
+def _convert_hf_to_gguf_rope_factors(cfg):
+  """llama.cpp convert_hf_to_gguf.py ``LlamaModel.generate_extra_tensors`` for rope_type llama3."""
+  rs = dict(cfg.rope_scaling)
+  dim = cfg.head_dim
+  freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+  factor, low_freq_factor = rs["factor"], rs["low_freq_factor"]
+  high_freq_factor, old_context_len = rs["high_freq_factor"], rs["original_max_position_embeddings"]
+  low_freq_wavelen = old_context_len / low_freq_factor
+  high_freq_wavelen = old_context_len / high_freq_factor
+  rope_factors = []
+  for freq in freqs:
+    wavelen = 2 * math.pi / freq
+    if wavelen < high_freq_wavelen:
+      rope_factors.append(1)
+    elif wavelen > low_freq_wavelen:
+      rope_factors.append(factor)
+    else:
+      smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+      rope_factors.append(1 / ((1 - smooth) / factor + smooth))
+  return np.asarray(rope_factors, np.float32)
+
+
+# (factor, low, high, original) on head_dim 16 / theta 1e4 (wavelengths 6.3 .. 19869 tokens):
+# Llama 3.1's published values (one interpolated frequency), two interpolated frequencies (low 1
+# and low 2: recovered by a fit), none interpolated, and one interpolated with non-default edges.
+LLAMA3_CASES = [(8.0, 1.0, 4.0, 8192), (4.0, 1.0, 8.0, 2048), (4.0, 2.0, 8.0, 4096),
+                (16.0, 1.0, 2.0, 1500), (8.0, 1.0, 4.0, 4096)]
+
+
+@pytest.mark.parametrize("factor,low,high,original", LLAMA3_CASES)
+def test_gguf_llama3_rope_freqs(tmp_path, factor, low, high, original):
+  scaling = (("factor", factor), ("high_freq_factor", high), ("low_freq_factor", low),
+             ("original_max_position_embeddings", original), ("rope_type", "llama3"))
+  cfg = dataclasses.replace(ModelConfig.tiny("llama"), head_dim=16, rope_scaling=scaling)
+  original_model = Decoder(cfg, rngs=nnx.Rngs(5))
+  factors = _convert_hf_to_gguf_rope_factors(cfg)
+  assert (factors > 1).any() and (factors == 1).any()
+  path = str(tmp_path / "llama31.gguf")
+  _write_gguf(path, original_model, rope_factors=factors)
+  model, _ = lora.load_model(path)
+  assert model.cfg.head_dim == 16 and dict(model.cfg.rope_scaling)["rope_type"] == "llama3"
+  unscaled = rope_inv_freq(dataclasses.replace(cfg, rope_scaling=None))
+  np.testing.assert_allclose(np.asarray(rope_inv_freq(model.cfg)), unscaled / factors, rtol=2e-6)
+  np.testing.assert_allclose(np.asarray(rope_inv_freq(model.cfg)),
+                             np.asarray(rope_inv_freq(cfg)), rtol=2e-6)
+  ids = jnp.asarray(np.random.RandomState(0).randint(0, VOCAB, (1, 64)), jnp.int32)
+  gd, st = nnx.split(model)
+  gd0, st0 = nnx.split(original_model)
+  ref = np.asarray(sampling.forward(gd0, st0, ids))
+  np.testing.assert_allclose(np.asarray(sampling.forward(gd, st, ids)), ref,
+                             rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_gguf_rope_freqs_identity_and_garbage(tmp_path):
+  cfg = ModelConfig.tiny("llama")
+  model = Decoder(cfg, rngs=nnx.Rngs(5))
+  ones = str(tmp_path / "ones.gguf")
+  _write_gguf(ones, model, rope_factors=np.ones(cfg.head_dim // 2))
+  assert lora.load_model(ones)[0].cfg.rope_scaling is None
+  bad = str(tmp_path / "bad.gguf")
+  _write_gguf(bad, model, rope_factors=[1.0, 3.0, 1.0, 2.0])
+  with pytest.raises(ValueError, match=r"bad.gguf.*rope_freqs.*llama3"):
+    lora.load_model(bad)
+
+
 def test_missing_and_corrupt_files_name_the_file(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.gguf"):
     lora.load_model(str(tmp_path / "nope.gguf"))
@@ -170,3 +243,20 @@ def test_unsupported_architecture_and_vocab_mismatch(tmp_path):
   _write_hf_dir(str(d2), "llama", n_tokens=VOCAB + 20, sharded=False)
   with pytest.raises(ValueError, match=r"tokenizer.json.*148 tokens.*128"):
     lora.load_model(str(d2))
+
+
+def test_config_from_hf_reads_transformers5_rope_parameters():
+  """transformers 5 moves rope_theta / rope_scaling into "rope_parameters" (found by the HF parity
+  tests: such a config silently loaded with theta 10000 and no scaling)."""
+  from lora.hf_loader import config_from_hf
+
+  base = dict(model_type="llama", vocab_size=64, hidden_size=32, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+  scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                 original_max_position_embeddings=8192)
+  v5 = config_from_hf({**base, "rope_parameters": {"rope_theta": 1e5, **scaling}}, "v5.json")
+  v4 = config_from_hf({**base, "rope_theta": 1e5, "rope_scaling": scaling}, "v4.json")
+  assert v5.rope_theta == v4.rope_theta == 1e5
+  assert v5.rope_scaling == v4.rope_scaling and dict(v5.rope_scaling)["factor"] == 8.0
+  plain = config_from_hf({**base, "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}, "d")
+  assert plain.rope_theta == 5e5 and plain.rope_scaling is None

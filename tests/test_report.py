@@ -120,7 +120,8 @@ def test_report_overcooked_deliveries(tmp_path):
             _decision(1, "deliver", 10001, 12, outcome="effect_fail")]
     _write_jsonl(run / "decisions" / "eval.jsonl", recs)
     md = write_report(run).read_text()
-    assert "| deliveries |" in md  # team return / 20 row in the evaluation table
+    # The team return already counts deliveries (rollout.team_return): labelled so, never divided by 20.
+    assert "(deliveries)" in md and "deliveries × 20" not in md and "| deliveries |" not in md
     assert "deliveries / episode (decisions)" in md
     assert "| a0 | 1.000 | 1.00 |" in md and "| a1 | 0.000 | 0.50 |" in md  # 2 and 1 over 2 episodes
 
@@ -168,3 +169,54 @@ def test_report_harvest_fallbacks(tmp_path):
     (run / "eval.json").write_text(json.dumps(ev))
     md = write_report(run).read_text()
     assert "`patches_alive` per episode in `eval.json`): 2.50 ± 0.71" in md
+
+
+def _solo(team, own, full, seeds=(10000, 10001), units="deliveries"):
+    return {"seeds": list(seeds), "units": units,
+            "agents": [{"agent": i, "solo_team_return": t, "own_return": o} for i, (t, o) in enumerate(zip(team, own))],
+            "full_team": {"returns": full}}
+
+
+def test_report_solo_test_section(tmp_path):
+    run = _make_run(tmp_path, game="overcooked_fc")
+    cfg = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**cfg, "solo_episodes": 2}))
+    # solo.json expected but missing: named under "Missing inputs" and in the section
+    md = write_report(run).read_text()
+    assert "### Solo test" in md and "`solo.json` missing (config `solo_episodes` = 2)" in md
+    # FC-like: every agent alone delivers 0 while the team delivers 3 and 5 -> needs a partner
+    (run / "solo.json").write_text(json.dumps(_solo([[0, 0], [0, 0]], [[0, 0], [0, 0]], [3.0, 5.0])))
+    md = write_report(run).read_text()
+    sec = md[md.index("### Solo test"):md.index("## Episode")]
+    assert "| a0 | 0.00 ± 0.00 | 0.00 ± 0.00 | 0% of the team's |" in sec
+    assert "Full team on the same seeds: 4.00 ± 1.41 deliveries." in sec
+    assert "Needs a partner" in sec and "(10000, 10001)" in sec
+    assert "solo.json" not in md[md.index("## Missing inputs"):]
+    # AA-like: agents deliver 4 and 2 alone (seeds 4/4 and 2/2) -> solo-solvable
+    (run / "solo.json").write_text(json.dumps(_solo([[4, 4], [1, 3]], [[4, 4], [1, 3]], [6.0, 6.0])))
+    sec = write_report(run).read_text().split("### Solo test")[1]
+    assert "| a0 | 4.00 ± 0.00 | 4.00 ± 0.00 | 67% of the team's |" in sec
+    assert "| a1 | 2.00 ± 1.41 | 2.00 ± 1.41 | 33% of the team's |" in sec
+    assert "Solo-solvable: a0, a1 score alone" in sec
+    # the team itself scores 0: not informative
+    (run / "solo.json").write_text(json.dumps(_solo([[0, 0], [0, 0]], [[0, 0], [0, 0]], [0.0, 0.0])))
+    sec = write_report(run).read_text().split("### Solo test")[1]
+    assert "n/a (team scores 0)" in sec and "Not informative" in sec
+    # malformed: reported, never a crash
+    (run / "solo.json").write_text(json.dumps({"agents": "nope"}))
+    assert "`solo.json` is malformed" in write_report(run).read_text()
+
+
+def test_report_solo_not_expected_and_checkpoint_rule(tmp_path):
+    run = _make_run(tmp_path)  # config without solo_episodes: no solo test expected
+    ev = json.loads((run / "eval.json").read_text())
+    ev.update(checkpoint_rule="highest training-time team return (paper §6.1)", checkpoint_round=2,
+              checkpoint_train_return=4.0)
+    ev["base"] = ev.pop("baseline")  # experiments/common.py spelling
+    (run / "eval.json").write_text(json.dumps(ev))
+    md = write_report(run).read_text()
+    assert "Not run (config `solo_episodes` = 0)." in md
+    assert "solo.json" not in md[md.index("## Missing inputs"):]
+    assert "Adapters: highest training-time team return (paper §6.1); round 2 (its mean training team return " \
+           "4.00)." in md
+    assert "| team_return | 0.00 ± 0.00 | 4.00 ± 1.41 | 2 / 2 |" in md  # the base block is read as the baseline

@@ -1,5 +1,5 @@
 """Rollouts with a tiny random decoder: every decision traced, parse failures counted (never a crash),
-choice_only scoring, the frozen-base mode, the idle fallback, per-step trajectories."""
+choice_only scoring, the frozen-base mode, the idle fallback, per-step trajectories, idled agents (solo test)."""
 
 import jax
 import numpy as np
@@ -78,6 +78,19 @@ def test_choice_only_and_reference(roller):
     assert [t["choice"] for t in res.traces] == [t["choice"] for t in ref.traces]
     assert all(t["reference"] for t in ref.traces)
 
+
+def test_idled_agent_only_waits_and_is_not_traced(roller):
+    """Solo test (paper §6.4): with ``active=[True, False]`` agent 1 never asks the LLM and runs only ``wait``."""
+    res = roller.collect([3, 4], jax.random.PRNGKey(2), active=np.array([True, False]))
+    _check(res, 2)
+    assert {t["aid"] for t in res.traces} == {0}
+    assert all(a == 0 for _, a, _ in res.decisions)
+    idle_opts = set(np.unique(res.traj["options"][:, :, 1]).tolist())
+    assert roller.wait_id >= 0 and idle_opts <= {roller.wait_id, -1} and roller.wait_id in idle_opts
+    # the active agent asked the LLM at each of its decision points (_check: traced decisions > 0)
+    assert all(t["response"] is not None for t in res.traces)
+    with pytest.raises(ValueError, match="active must be bool"):
+        roller.collect([3], jax.random.PRNGKey(2), active=np.array([True]))
 
 def test_policy_config_validation():
     with pytest.raises(ValueError, match="unknown scoring mode"):

@@ -302,3 +302,112 @@ def test_tiny_task_learns_to_choose_b():
     assert np.all(probs[-1] > probs[0] + 0.5), probs
     assert np.all(probs[-1] > 0.8), probs
     assert np.mean(mean_returns[-3:]) > np.mean(mean_returns[:3]) + 0.25, mean_returns
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared prompt prefix (system turn run once per adapter) and restricted letter choices.
+# --------------------------------------------------------------------------------------------------
+
+PREFIX = [7, 3, 11, 5, 2, 9, 4]
+
+
+def _prefixed_pair(agent_ids, advantages, seed=0, choices=None, response_len=3):
+    """The same decisions packed twice: whole prompts, and with PREFIX stripped (batch.prefix)."""
+    rng = np.random.RandomState(seed)
+    d = len(agent_ids)
+    prompts = [PREFIX + list(rng.randint(1, VOCAB, rng.randint(2, 6))) for _ in range(d)]
+    if choices is None:
+        responses = [list(rng.randint(1, VOCAB, rng.randint(1, response_len + 1))) for _ in range(d)]
+    else:
+        responses = [[int(rng.choice(c))] for c in choices]
+    kw = dict(response_len=response_len, pad_to_multiple=8, choices=choices)
+    whole = ts.pack_decisions(prompts, responses, agent_ids, advantages, prompt_len=16, **kw)
+    cut = ts.pack_decisions(prompts, responses, agent_ids, advantages, prompt_len=8, prefix=PREFIX,
+                            **kw)
+    return whole, cut
+
+
+def test_pack_decisions_strips_prefix_and_checks_it():
+    whole, cut = _prefixed_pair([0, 1], [1.0, -1.0])
+    assert cut.prefix == tuple(PREFIX) and whole.prefix == ()
+    assert cut.tokens.shape[1] == 8 + 3
+    # Every row's real tokens = prefix + the cut row's real tokens.
+    for i in range(2):
+        np.testing.assert_array_equal(whole.tokens[i][whole.attention_mask[i]],
+                                      PREFIX + list(cut.tokens[i][cut.attention_mask[i]]))
+    with pytest.raises(ValueError, match="shared prefix"):
+        ts.pack_decisions([[1, 2, 3]], [[4]], [0], [0.0], prefix=[1, 3])
+    with pytest.raises(ValueError, match="nothing after it"):
+        ts.pack_decisions([[1, 2]], [[4]], [0], [0.0], prefix=[1, 2])
+
+
+def test_prefix_scoring_equals_whole_rows(three_agents):
+    step, graphdef, adapters, base = three_agents
+    adapters = _randomise_b(adapters)
+    whole, cut = _prefixed_pair([0, 1, 2, 1, 0, 2], [1.0] * 6)
+    ids = jnp.asarray(whole.agent_ids)
+    np.testing.assert_allclose(step.score(base, adapters, cut, ids),
+                               step.score(base, adapters, whole, ids), rtol=1e-5, atol=1e-5)
+    ref = jnp.full_like(ids, -1)
+    np.testing.assert_allclose(step.score(base, adapters, cut, ref),
+                               step.score(base, adapters, whole, ref), rtol=1e-5, atol=1e-5)
+    # Adapters matter, so the prefix K/V really is per adapter.
+    assert not np.allclose(step.score(base, adapters, cut, ids), step.score(base, adapters, cut, ref))
+
+
+def test_prefix_update_equals_whole_row_update():
+    """The vjp through the once-per-adapter prefix gives the gradient of the whole rows."""
+    graphdef, adapters, base = split_model(_model(3, seed=2))
+    adapters = _randomise_b(adapters)
+    agents = [0, 1, 2, 1, 1, 0, 2, 2, 1, 0, 1, 2, 0]
+    whole, cut = _prefixed_pair(agents, np.linspace(-1.5, 1.5, len(agents)), seed=3)
+    cfg = magrpo.MAGRPOConfig.smoke(micro_batch=4, kl_beta=0.1, epochs=2)
+    step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3)
+    out = []
+    for host in (whole, cut):
+        batch = step.prepare(base, adapters, host)
+        out.append((batch, step.update(base, adapters, step.optimizer.init(adapters), batch,
+                                       jax.random.key(0))))
+    (bw, (aw, _, mw)), (bc, (ac, _, mc)) = out
+    np.testing.assert_allclose(bc.logp_old, bw.logp_old, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bc.logp_ref, bw.logp_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mc["grad_norm"], mw["grad_norm"], rtol=1e-4)
+    for x, y, x0 in zip(jax.tree.leaves(ac), jax.tree.leaves(aw), jax.tree.leaves(adapters)):
+        np.testing.assert_allclose(np.asarray(x) - np.asarray(x0), np.asarray(y) - np.asarray(x0),
+                                   rtol=1e-3, atol=1e-7)
+    np.testing.assert_array_equal(mc["ratio_min"][0], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(mc["ratio_max"][0], [1.0, 1.0, 1.0])
+
+
+def test_prefix_fresh_adapters_ratio_one_kl_zero(three_agents):
+    step, graphdef, adapters, base = three_agents
+    _, cut = _prefixed_pair([0, 1, 2, 0, 1, 2, 0], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, 1.0], seed=4)
+    batch = step.prepare(base, adapters, cut)
+    np.testing.assert_array_equal(batch.logp_old, batch.logp_ref)
+    _, _, m = step.update(base, adapters, ts.init_opt_state(step, adapters), batch,
+                          jax.random.key(0))
+    np.testing.assert_array_equal(m["ratio_min"][0], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(m["kl"][0], [0.0, 0.0, 0.0])
+
+
+def test_restricted_choice_logprob_is_softmax_over_candidates(three_agents):
+    step, graphdef, adapters, base = three_agents
+    adapters = _randomise_b(adapters)
+    choices = [[10, 11, 12], [10, 11], [10, 11, 12, 13, 14], [20, 21, 22, 23]]
+    whole, cut = _prefixed_pair([0, 1, 2, 0], [1.0] * 4, choices=choices, response_len=1, seed=6)
+    assert cut.choice_ids.shape == (8, 5)
+    ids = jnp.asarray(cut.agent_ids)
+    got = np.asarray(step.score(base, adapters, cut, ids))[:4]
+    # By hand: tempered next-token logits after each whole prompt, renormalised over the candidates.
+    model = nnx.merge(graphdef, adapters, base)
+    logits = np.asarray(model(jnp.asarray(whole.tokens), attention_mask=jnp.asarray(whole.attention_mask),
+                              agent_ids=ids))
+    t = magrpo.MAGRPOConfig.smoke(kl_beta=0.1).temperature
+    for i, c in enumerate(choices):
+        z = logits[i, -2, c].astype(np.float64) / t
+        want = z[c.index(int(whole.tokens[i, -1]))] - np.log(np.exp(z - z.max()).sum()) - z.max()
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="not among its candidates"):
+        ts.pack_decisions([[1, 2]], [[5]], [0], [0.0], choices=[[3, 4]])
+    with pytest.raises(ValueError, match="one-token"):
+        ts.pack_decisions([[1, 2]], [[3, 4]], [0], [0.0], choices=[[3, 4]])

@@ -1,7 +1,9 @@
-"""PA-MAGRPO trainer on a tiny random decoder: rounds write checkpoints / metrics / traces, and a run stopped
-after round 1 and resumed ends with bit-identical adapters to an uninterrupted run."""
+"""PA-MAGRPO trainer on a tiny random decoder: rounds write checkpoints / metrics / traces, a run stopped
+after round 1 and resumed ends with bit-identical adapters to an uninterrupted run, and the checkpoint rule
+(paper §6.1, highest training-time team return) keeps the adapters that played the best round, across resumes."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -38,6 +40,7 @@ def setup():
         shared["step"] = tr.step
         return tr
 
+    fresh.roller = roller
     return fresh, init
 
 
@@ -81,3 +84,77 @@ def test_train_seeds_disjoint_from_eval():
     seeds = {s for r in range(1000) for s in trainer.train_seeds(3, r, 6)}
     assert not seeds & set(range(10000, 10020))
     assert trainer.train_seeds(0, 1, 2) == [trainer.TRAIN_SEED0 + 2, trainer.TRAIN_SEED0 + 3]
+
+
+#: Scripted team returns per round (K = 2): means 1, 3, 3 -> round 1 is the best (round 2 ties, the earliest wins).
+SCRIPT = {0: [0.0, 2.0], 1: [2.0, 4.0], 2: [4.0, 2.0]}
+
+
+@pytest.fixture
+def scripted(setup, monkeypatch):
+    """Rollouts whose team returns follow :data:`SCRIPT`; records the adapters the policy played each round with."""
+    fresh, init = setup
+    roller = fresh.roller
+    real = roller.collect
+    played = {}
+
+    def collect(seeds, key, *, round_idx=0, **kw):
+        played[round_idx] = _leaves(split_model(roller.policy.model)[1])
+        res = real(seeds, key, round_idx=round_idx, **kw)
+        res.returns = np.asarray(SCRIPT[round_idx], np.float32)
+        return res
+
+    monkeypatch.setattr(roller, "collect", collect)
+    return fresh, played
+
+
+def test_best_checkpoint_is_the_highest_training_return(tmp_path, scripted):
+    fresh, played = scripted
+    tr = fresh(tmp_path / "run")
+    assert tr.best_adapters() is None  # nothing played yet
+    lines = tr.train(rounds=3)
+    assert [m["train/return_mean"] for m in lines] == [1.0, 3.0, 3.0]
+    assert [m["train/best_round"] for m in lines] == [0, 1, 1]  # round 0 always sets it; ties keep the earliest
+    adapters, rnd, ret = tr.best_adapters()
+    assert (rnd, ret) == (1, 3.0) and tr.best == (1, 3.0)
+    # The best adapters are the ones that played round 1 (held at its start, before its update) ...
+    for a, b in zip(_leaves(adapters), played[1]):
+        np.testing.assert_array_equal(a, b)
+    # ... not the round-0 or the final ones.
+    assert any(not np.array_equal(a, b) for a, b in zip(_leaves(adapters), played[0]))
+    assert any(not np.array_equal(a, b) for a, b in zip(_leaves(adapters), _leaves(tr.state.adapters)))
+    # best/ is an orbax directory with one step; the main checkpoint's meta names the best round.
+    assert sorted(d.name for d in (tmp_path / "run" / "best").iterdir() if d.name.isdigit()) == ["1"]
+    meta = trainer.ckpt.restore(tr.manager, tr.state.adapters, tr.state.opt_state)[2]
+    assert (meta["best_round"], meta["best_return"]) == (1, 3.0)
+
+
+def test_resume_keeps_the_best(tmp_path, scripted):
+    fresh, played = scripted
+    part = fresh(tmp_path / "part")
+    part.train(rounds=2)  # rounds 0, 1; best = round 1
+    ref = _leaves(part.best_adapters()[0])
+    # A copy "killed" after round 1's best/ was written but before its main checkpoint (step 2).
+    shutil.copytree(tmp_path / "part", tmp_path / "killed")
+    shutil.rmtree(tmp_path / "killed" / "checkpoints" / "2")
+
+    resumed = fresh(tmp_path / "part")
+    assert resumed.best is None and resumed.restore() == 2
+    assert resumed.best == (1, 3.0)  # known after the restore
+    resumed.train(rounds=3)  # round 2 ties: the best stays round 1
+    adapters, rnd, ret = resumed.best_adapters()
+    assert (rnd, ret) == (1, 3.0)
+    for a, b in zip(ref, _leaves(adapters)):
+        np.testing.assert_array_equal(a, b)
+
+    # The killed run: best/ is ahead of the checkpoint (round 1 == the round to replay, played by the restored
+    # adapters); the replay keeps it.
+    again = fresh(tmp_path / "killed")
+    assert again.restore() == 1 and again.best == (1, 3.0)
+    for a, b in zip(_leaves(again.state.adapters), ref):  # the restored adapters are the ones in best/
+        np.testing.assert_array_equal(a, b)
+    again.train(rounds=2)
+    adapters, rnd, ret = again.best_adapters()
+    assert (rnd, ret) == (1, 3.0)
+    for a, b in zip(ref, _leaves(adapters)):
+        np.testing.assert_array_equal(a, b)
