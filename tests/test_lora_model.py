@@ -92,6 +92,34 @@ def test_kv_cache_and_left_padding_match_full_forward(ids):
   np.testing.assert_allclose(padded[0, 3:], alone[0], atol=1e-5)
 
 
+def test_blocked_causal_attention_matches_cache_path_and_reference():
+  """Cache-free prefill skips future key blocks (lora.model._causal_attention): same logits as the
+  cached path (full key range) and the float64 NumPy reference, with left padding and adapters."""
+  from lora import model as model_lib
+  t = 150
+  assert round(t / model_lib._CAUSAL_BLOCK) > 1  # the blocked path is what gets tested
+  model = _model()
+  _randomise_b(model)
+  graphdef, state = nnx.split(model)
+  ids = jnp.asarray(np.random.RandomState(1).randint(0, 128, (2, t)), jnp.int32)
+  mask = jnp.asarray(np.arange(t)[None] >= np.array([[20], [0]]))  # row 0 left-padded by 20
+  agents = jnp.array([1, -1])  # row 1: frozen base, comparable with the reference
+  blocked = np.asarray(_fwd(model, ids, attention_mask=mask, agent_ids=agents))
+
+  @jax.jit
+  def cached(state):
+    m = nnx.merge(graphdef, state)
+    h, _ = m.hidden(ids, attention_mask=mask, agent_ids=agents, cache=KVCache.init(m.cfg, 2, t))
+    return m.logits(h)
+
+  via_cache = np.asarray(cached(state))
+  np.testing.assert_allclose(blocked[0, 20:], via_cache[0, 20:], atol=1e-5)
+  np.testing.assert_allclose(blocked[1], via_cache[1], atol=1e-5)
+  weights = {k: v.astype(np.float64) for k, v in export_hf_weights(model).items()}
+  ref = reference_logits(weights, model.cfg, np.asarray(ids[1:]))[0]
+  np.testing.assert_allclose(blocked[1], ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
 def test_fresh_adapters_equal_base_exactly(ids):
   model = _model()  # B = 0 at init
   base = _fwd(model, ids)
