@@ -16,6 +16,15 @@ attention included, vocabulary head only on the response columns):
 
 Peak: the device's dense bf16 (or fp32) peak from public spec sheets (H100/H200 SXM: 989 TFLOP/s
 bf16), or ``--peak-tflops``.
+
+``--shared-prefix P``: the first P prompt tokens of every row are the same (the rendered system turn of
+the real prompts), and the same process also times the round (``prepare`` + ``update``) with that prefix
+stripped into ``DecisionBatch.prefix`` -- run once per adapter and differentiated through ``jax.vjp``
+(:mod:`jaxopt_marl.train_step`) -- and prints the speed-up over the whole-row round.
+
+Example (the CPU figure in BENCHMARKS.md, prompt shape of the Cleanup runs: 110-token system turn, ~245
+more): ``python -m experiments.bench train --shape smollm2_135m --dtype float32 --decisions 32
+--prompt-len 352 --response-len 1 --shared-prefix 110 --micro-batch 8 --repeats 1``.
 """
 
 from __future__ import annotations
@@ -64,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rank", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--shared-prefix", type=int, default=0,
+                   help="P: the first P prompt tokens are shared; also time the prefix-cached round")
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -85,7 +96,10 @@ def main(argv: list[str] | None = None) -> None:
 
     rng = np.random.default_rng(0)
     d, tp, tr = a.decisions, a.prompt_len, a.response_len
-    prompts = [rng.integers(1, cfg.vocab_size, tp).tolist() for _ in range(d)]
+    if not 0 <= a.shared_prefix < tp:
+        p.error(f"--shared-prefix must be in [0, prompt-len), got {a.shared_prefix}")
+    shared = rng.integers(1, cfg.vocab_size, a.shared_prefix).tolist()
+    prompts = [shared + rng.integers(1, cfg.vocab_size, tp - a.shared_prefix).tolist() for _ in range(d)]
     responses = [rng.integers(1, cfg.vocab_size, tr).tolist() for _ in range(d)]
     batch = train_step.pack_decisions(prompts, responses, np.arange(d) % a.agents,
                                       rng.standard_normal(d).astype(np.float32),
@@ -126,6 +140,20 @@ def main(argv: list[str] | None = None) -> None:
         "forward_tflops": fwd_flops / fwd_s / 1e12, "update_executed_tflops": 2 * fwd_flops / upd_s / 1e12,
         "update_6n_tflops": 3 * fwd_flops / upd_s / 1e12, "tokens_per_s_update": tokens / upd_s,
     }
+    if a.shared_prefix:
+        cut = train_step.pack_decisions(prompts, responses, np.arange(d) % a.agents,
+                                        np.asarray(batch.advantages), prompt_len=tp - a.shared_prefix,
+                                        response_len=tr, prefix=shared)
+        cut = train_step.shard_batch(cut, mesh)
+
+        def round_of(b):
+            b = ts.prepare(base, adapters, b)
+            return ts.update(base, adapters, opt, b, key)
+
+        _, whole_round_s = timed(round_of, batch)
+        _, prefix_round_s = timed(round_of, cut)
+        res |= {"shared_prefix": a.shared_prefix, "round_whole_rows_s": whole_round_s,
+                "round_prefix_cached_s": prefix_round_s, "prefix_round_speedup": whole_round_s / prefix_round_s}
     if peak:
         res |= {"peak_tflops": peak / 1e12,
                 "forward_mfu": fwd_flops / fwd_s / peak,

