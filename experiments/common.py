@@ -14,6 +14,8 @@ Presets (:class:`RunConfig` constructors):
   lr 2e-5, K 6, temperature 0.9, KL 0.05; clip 0.2, 2 epochs, grad clip 1.0; episodes of 150 (Cleanup) /
   400 (Harvest, Overcooked) steps; full two-line responses sampled; 20 evaluation episodes. The paper does
   not state the number of rounds: 100 is our choice. KL 0.05 is used for Cleanup / Harvest too (not stated).
+  The update's hyper-parameters (K, temperature, lr, KL, clip, epochs, grad clip) and their sources are
+  declared once, in :class:`jaxopt_marl.magrpo.MAGRPOConfig` (per game: its ``paper`` constructor).
   Solo test on 5 seeds for Overcooked, 2 for Cleanup / Harvest (our choice; the paper reports one number per
   agent).
 - ``cpu`` — the default without an accelerator: the same pipeline on a reduced budget meant to finish in
@@ -39,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from jaxopt_marl.magrpo import MAGRPOConfig
+
 GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
 PRESETS = ("paper", "cpu", "smoke")
 MODES = ("sample", "choice_only")
@@ -49,6 +53,10 @@ TINY_RANDOM = "tiny-random"
 EVAL_CHECKPOINTS = ("best", "final")  # best: paper §6.1 checkpoint rule; final: the last round's adapters
 CHECKPOINT_RULE = "highest training-time team return (paper §6.1)"
 SOLO_PAPER = {"overcooked_aa": 5, "overcooked_fc": 5, "cleanup": 2, "harvest": 2}  # solo-test seeds, paper preset
+# Decisions per forward/backward chunk in the update (memory only): the runs' MAGRPOConfig.micro_batch, where
+# MAGRPOConfig's own default is 0 (the whole minibatch at once).
+MICRO_BATCH = 8
+MAGRPO_FIELDS = frozenset(f.name for f in dataclasses.fields(MAGRPOConfig))
 
 
 class InputError(SystemExit):
@@ -58,9 +66,30 @@ class InputError(SystemExit):
         super().__init__(f"error: {msg}")
 
 
+def check_game(game: str) -> None:
+    """InputError unless ``game`` is one of :data:`GAMES`."""
+    if game not in GAMES:
+        raise InputError(f"unknown game {game!r}; valid games: {', '.join(GAMES)}")
+
+
+def replace_magrpo(m: MAGRPOConfig, **kw) -> MAGRPOConfig:
+    """``m`` with the fields in ``kw`` replaced; an out-of-range value is an :class:`InputError`."""
+    for name in ("num_rollouts", "epochs"):
+        if kw.get(name, 1) < 1:
+            raise InputError(f"{name} must be >= 1, got {kw[name]}")
+    try:
+        return dataclasses.replace(m, **kw)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One training run (saved to ``config.json``)."""
+    """One training run (saved to ``config.json`` as one flat object: :meth:`flat_dict`).
+
+    The update's hyper-parameters live in :attr:`magrpo`; the constructors and :meth:`replace` also take them
+    by their flat names (``num_rollouts=2``), as ``config.json`` spells them.
+    """
 
     # Game: cleanup, harvest, overcooked_aa, overcooked_fc.
     game: str
@@ -74,30 +103,13 @@ class RunConfig:
     episode_steps: int = 150
     # PA-MAGRPO rounds.
     rounds: int = 100
-    # [K] joint rollouts per round.
-    num_rollouts: int = 4
-    # Sampling temperature (no top-k / top-p).
-    temperature: float = 0.7
-    # LoRA rank (alpha = 2 * rank) on the attention projections.
+    # LoRA rank (alpha = 2 * rank) on the attention projections (paper: 32 Cleanup / Harvest, 16 Overcooked).
     lora_rank: int = 32
-    # AdamW learning rate.
-    learning_rate: float = 5e-5
-    # [beta] KL weight toward the frozen base.
-    kl_beta: float = 0.05
-    # [epsilon] PPO clip.
-    clip_eps: float = 0.2
-    # [E] PPO epochs per round.
-    epochs: int = 2
-    # Per-agent gradient-norm clip.
-    max_grad_norm: float = 1.0
-    # Decisions per forward/backward chunk in the update (memory only; 0 = all at once).
-    micro_batch: int = 8
     # LLM scoring: "sample" (two-line response, paper) or "choice_only" (one forward, letter distribution).
+    # Sampling has no top-k / top-p; the temperature is magrpo.temperature.
     mode: str = "sample"
     # Longest sampled response ("sample" mode).
     max_new_tokens: int = 12
-    # One adapter for all agents (Ablation B).
-    shared_adapter: bool = False
     # Burn-in: this many solo plus this many joint episodes (uniform over the guardless menu).
     burnin_episodes: int = 2000
     # Burn-in episode length (None = episode_steps).
@@ -114,10 +126,13 @@ class RunConfig:
     # Solo test (paper §6.4): the first this-many evaluation seeds are played by each agent alone (the others
     # idled); 0 = skip. At most eval_episodes (the full-team returns of the evaluation are reused).
     solo_episodes: int = 0
+    # PA-MAGRPO hyper-parameters: K (num_rollouts), the rollouts' sampling temperature, learning rate, KL weight,
+    # PPO clip, epochs, gradient clip, micro-batch, one adapter for all agents (shared_adapter, Ablation B), ...;
+    # each declared once, with its paper source, in MAGRPOConfig.
+    magrpo: MAGRPOConfig = dataclasses.field(default_factory=lambda: MAGRPOConfig(micro_batch=MICRO_BATCH))
 
     def __post_init__(self):
-        if self.game not in GAMES:
-            raise InputError(f"unknown game {self.game!r}; valid games: {', '.join(GAMES)}")
+        check_game(self.game)
         if self.preset not in PRESETS:
             raise InputError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         if self.mode not in MODES:
@@ -127,8 +142,7 @@ class RunConfig:
         if not 0 <= self.solo_episodes <= self.eval_episodes:
             raise InputError(f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
                              f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)")
-        for name in ("episode_steps", "rounds", "num_rollouts", "lora_rank", "epochs", "eval_episodes",
-                     "burnin_episodes", "max_new_tokens"):
+        for name in ("episode_steps", "rounds", "lora_rank", "eval_episodes", "burnin_episodes", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -141,18 +155,29 @@ class RunConfig:
     def overcooked(self) -> bool:
         return self.game.startswith("overcooked")
 
+    def replace(self, **kw) -> "RunConfig":
+        """A copy with ``kw`` replaced; ``kw`` may name :attr:`magrpo`'s fields flat (``num_rollouts=2``)."""
+        m = {k: kw.pop(k) for k in list(kw) if k in MAGRPO_FIELDS}
+        out = dataclasses.replace(self, **kw)
+        return dataclasses.replace(out, magrpo=replace_magrpo(out.magrpo, **m)) if m else out
+
+    def flat_dict(self) -> dict:
+        """The fields with :attr:`magrpo`'s inlined: the flat ``config.json`` layout."""
+        d = dataclasses.asdict(self)
+        m = d.pop("magrpo")
+        return {**d, **m}
+
     @classmethod
     def paper(cls, game: str, **kw) -> "RunConfig":
-        """§6.1 hyper-parameters."""
-        if game.startswith("overcooked"):
-            base = dict(lora_rank=16, learning_rate=2e-5, num_rollouts=6, temperature=0.9, kl_beta=0.05)
-        else:
-            base = dict(lora_rank=32, learning_rate=5e-5, num_rollouts=4, temperature=0.7, kl_beta=0.05)
+        """§6.1 hyper-parameters (the update's: :meth:`jaxopt_marl.magrpo.MAGRPOConfig.paper`)."""
+        check_game(game)
         # The solo test shrinks with a smaller --eval-episodes (it reuses the evaluation's seeds).
         solo = min(SOLO_PAPER.get(game, 2), max(int(kw.get("eval_episodes", PAPER_EVAL_EPISODES)), 0))
-        return cls(**{**dict(game=game, preset="paper", episode_steps=EPISODE_STEPS.get(game, 150), rounds=100,
-                             mode="sample", burnin_episodes=2000, eval_episodes=PAPER_EVAL_EPISODES,
-                             solo_episodes=solo), **base, **kw})
+        p = cls(game=game, preset="paper", episode_steps=EPISODE_STEPS.get(game, 150), rounds=100,
+                lora_rank=16 if game.startswith("overcooked") else 32, mode="sample", burnin_episodes=2000,
+                eval_episodes=PAPER_EVAL_EPISODES, solo_episodes=solo,
+                magrpo=MAGRPOConfig.paper(game, micro_batch=MICRO_BATCH))
+        return p.replace(**kw)
 
     @classmethod
     def cpu(cls, game: str, **kw) -> "RunConfig":
@@ -166,25 +191,23 @@ class RunConfig:
         # needs 3 onions, 20 cooking steps, a dish and a delivery.
         p = cls.paper(game)
         steps = {"cleanup": 30, "harvest": 20}.get(game, 80)
-        return dataclasses.replace(p, **{**dict(preset="cpu", episode_steps=steps, rounds=2, num_rollouts=2,
-                                                epochs=1, mode="choice_only", burnin_episodes=100, eval_episodes=2,
-                                                eval_base=True, skip_zero_advantage=True, solo_episodes=1), **kw})
+        return p.replace(**{**dict(preset="cpu", episode_steps=steps, rounds=2, num_rollouts=2, epochs=1,
+                                   mode="choice_only", burnin_episodes=100, eval_episodes=2, eval_base=True,
+                                   skip_zero_advantage=True, solo_episodes=1), **kw})
 
     @classmethod
     def smoke(cls, game: str, **kw) -> "RunConfig":
         """A few minutes: tiny budget for the tests (use with ``--model tiny-random``)."""
         p = cls.paper(game)
-        return dataclasses.replace(p, **{**dict(preset="smoke", episode_steps=12, rounds=2, num_rollouts=2,
-                                                lora_rank=2, learning_rate=1e-2, mode="sample", max_new_tokens=8,
-                                                burnin_episodes=8, eval_episodes=2, eval_base=True,
-                                                solo_episodes=1), **kw})
+        return p.replace(**{**dict(preset="smoke", episode_steps=12, rounds=2, num_rollouts=2, lora_rank=2,
+                                   learning_rate=1e-2, mode="sample", max_new_tokens=8, burnin_episodes=8,
+                                   eval_episodes=2, eval_base=True, solo_episodes=1), **kw})
 
     @classmethod
     def from_preset(cls, preset: str, game: str, **kw) -> "RunConfig":
         if preset not in PRESETS:
             raise InputError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-        if game not in GAMES:
-            raise InputError(f"unknown game {game!r}; valid games: {', '.join(GAMES)}")
+        check_game(game)
         return getattr(cls, preset)(game, **kw)
 
 
@@ -372,9 +395,10 @@ def _eval_block(game: str, res, seeds: list[int], label: str) -> dict:
 def _minimal_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: dict) -> str:
     lines = [f"# {cfg.game} run `{run_dir.name}`", ""]
     if cfg.reduced_budget:
-        lines += [f"**Reduced budget (preset `{cfg.preset}`)**: {cfg.rounds} rounds of K={cfg.num_rollouts} "
-                  f"rollouts of {cfg.episode_steps} steps, scoring `{cfg.mode}`, {cfg.eval_episodes} evaluation "
-                  f"episodes. Not the paper's budget (§6.1); numbers are not comparable to the paper's.", ""]
+        lines += [f"**Reduced budget (preset `{cfg.preset}`)**: {cfg.rounds} rounds of "
+                  f"K={cfg.magrpo.num_rollouts} rollouts of {cfg.episode_steps} steps, scoring `{cfg.mode}`, "
+                  f"{cfg.eval_episodes} evaluation episodes. Not the paper's budget (§6.1); numbers are not "
+                  f"comparable to the paper's.", ""]
     lines += ["## Training", "", "| round | return mean | return std | decisions | parse fail | kl | clip frac | "
               "decisions/s | round s |", "|---|---|---|---|---|---|---|---|---|"]
     for m in metrics_lines:
@@ -432,16 +456,17 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
 
     import envs_jax
     from envs_jax.render import write_gif
-    from jaxopt_marl import audit, burnin, guards as G, magrpo, options, rollout, trainer
+    from jaxopt_marl import audit, burnin, guards as G, options, rollout, trainer
     from jaxopt_marl.records import write_records
     from lora import LoRAConfig
 
     n_agents = 2 if cfg.overcooked else 7
     print(f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} device={jax.devices()[0]} "
           f"model={cfg.model or 'SmolLM2-135M-Instruct (GGUF)'} | out={out}")
-    print(f"  {cfg.rounds} rounds x K={cfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {n_agents} agents, "
-          f"scoring={cfg.mode}, T={cfg.temperature}, LoRA r={cfg.lora_rank}, lr={cfg.learning_rate}, "
-          f"KL={cfg.kl_beta}, clip={cfg.clip_eps}, epochs={cfg.epochs}")
+    mcfg = cfg.magrpo
+    print(f"  {cfg.rounds} rounds x K={mcfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {n_agents} agents, "
+          f"scoring={cfg.mode}, T={mcfg.temperature}, LoRA r={cfg.lora_rank}, lr={mcfg.learning_rate}, "
+          f"KL={mcfg.kl_beta}, clip={mcfg.clip_eps}, epochs={mcfg.epochs}")
     print(f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
           f"{' + frozen base' if cfg.eval_base else ''}, adapters: "
           f"{CHECKPOINT_RULE if cfg.eval_checkpoint == 'best' else 'final (last round)'}"
@@ -452,7 +477,7 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     if resume:
         print(f"  resuming from checkpoint round {ckpt_round}" if ckpt_round else "  resuming: no checkpoint yet")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "reduced_budget": cfg.reduced_budget,
+    (out / "config.json").write_text(json.dumps({**cfg.flat_dict(), "reduced_budget": cfg.reduced_budget,
                                                  "num_agents": n_agents, "eval_seed0": EVAL_SEED0}, indent=2) + "\n")
 
     # 1. Burn-in and guards.
@@ -478,19 +503,15 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     compiled = G.compile_guards(guards, lib.vocab)
 
     # 2. Model, policy, trainer.
-    n_adapters = 1 if cfg.shared_adapter else n_agents
+    n_adapters = 1 if mcfg.shared_adapter else n_agents
     lcfg = LoRAConfig(num_adapters=n_adapters, rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank)
     t0 = time.perf_counter()
     model, tok = rollout.load_policy_model(cfg.model, lcfg, seed=cfg.seed)
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
-    pcfg = rollout.PolicyConfig(mode=cfg.mode, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                shared_adapter=cfg.shared_adapter)
+    pcfg = rollout.PolicyConfig(mode=cfg.mode, temperature=mcfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                                shared_adapter=mcfg.shared_adapter)
     policy = rollout.LLMPolicy(model, tok, cfg.game, pcfg)
     roller = rollout.Roller(cfg.game, env, lib, compiled, policy, menu_seed=cfg.seed)
-    mcfg = magrpo.MAGRPOConfig(num_rollouts=cfg.num_rollouts, temperature=cfg.temperature, clip_eps=cfg.clip_eps,
-                               kl_beta=cfg.kl_beta, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-                               max_grad_norm=cfg.max_grad_norm, micro_batch=cfg.micro_batch,
-                               shared_adapter=cfg.shared_adapter)
     tr = trainer.Trainer(out, roller, mcfg, trainer.TrainConfig(rounds=cfg.rounds, seed=cfg.seed,
                                                                 skip_zero_advantage=cfg.skip_zero_advantage))
     if resume:

@@ -14,6 +14,12 @@ import pytest
 from experiments import common
 
 ROOT = Path(__file__).resolve().parents[1]
+# config.json keys written before RunConfig held its update hyper-parameters in a MAGRPOConfig.
+OLD_CONFIG_KEYS = ("game", "preset", "seed", "model", "episode_steps", "rounds", "num_rollouts", "temperature",
+                   "lora_rank", "learning_rate", "kl_beta", "clip_eps", "epochs", "max_grad_norm", "micro_batch",
+                   "mode", "max_new_tokens", "shared_adapter", "burnin_episodes", "burnin_steps", "eval_episodes",
+                   "eval_base", "skip_zero_advantage", "eval_checkpoint", "solo_episodes", "reduced_budget",
+                   "num_agents", "eval_seed0")
 RUN_FILES = ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
              "decisions/round_0000.jsonl", "decisions/round_0001.jsonl", "decisions/eval.jsonl",
              "decisions/eval_base.jsonl", "eval.json", "solo.json", "eval_traj.npz", "episode.gif", "report.md")
@@ -45,6 +51,9 @@ def test_smoke_run_writes_every_file(smoke_run):
     assert "REDUCED BUDGET" in stdout
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["game"] == "overcooked_aa" and cfg["preset"] == "smoke" and cfg["reduced_budget"]
+    # One flat object: the run's fields and the update's (RunConfig.magrpo) side by side, as before the nesting.
+    assert set(OLD_CONFIG_KEYS) <= set(cfg) and "magrpo" not in cfg
+    assert (cfg["num_rollouts"], cfg["learning_rate"], cfg["micro_batch"], cfg["lora_rank"]) == (2, 1e-2, 8, 2)
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in metrics] == [0, 1]
     ev = json.loads((out / "eval.json").read_text())
@@ -117,11 +126,15 @@ def test_model_dir_without_weights(tmp_path):
 
 def test_presets_follow_the_paper():
     p = common.RunConfig.paper("cleanup")
-    assert (p.lora_rank, p.learning_rate, p.num_rollouts, p.temperature, p.episode_steps) == (32, 5e-5, 4, 0.7, 150)
+    pm = p.magrpo
+    assert (p.lora_rank, pm.learning_rate, pm.num_rollouts, pm.temperature, p.episode_steps) == \
+        (32, 5e-5, 4, 0.7, 150)
     o = common.RunConfig.paper("overcooked_fc")
-    assert (o.lora_rank, o.learning_rate, o.num_rollouts, o.temperature, o.kl_beta, o.episode_steps) == \
+    om = o.magrpo
+    assert (o.lora_rank, om.learning_rate, om.num_rollouts, om.temperature, om.kl_beta, o.episode_steps) == \
         (16, 2e-5, 6, 0.9, 0.05, 400)
-    assert (p.clip_eps, p.epochs, p.max_grad_norm, p.eval_episodes) == (0.2, 2, 1.0, 20)
+    assert (pm.clip_eps, pm.epochs, pm.max_grad_norm, p.eval_episodes) == (0.2, 2, 1.0, 20)
+    assert (pm.kl_beta, pm.micro_batch, pm.shared_adapter) == (0.05, 8, False)
     assert common.RunConfig.paper("harvest").episode_steps == 400
     c = common.RunConfig.cpu("cleanup")
     assert c.reduced_budget and c.mode == "choice_only" and not p.reduced_budget
@@ -134,3 +147,31 @@ def test_presets_follow_the_paper():
                                                              "--solo-episodes", "0"])
     cfg = common.config_from_args("overcooked_fc", args)
     assert (cfg.eval_checkpoint, cfg.solo_episodes) == ("final", 0)
+    # The update's hyper-parameters by their flat (config.json) names: presets, --rollouts, replace().
+    cm, sm = c.magrpo, common.RunConfig.smoke("cleanup").magrpo
+    assert (cm.num_rollouts, cm.epochs, cm.learning_rate, sm.learning_rate, sm.num_rollouts) == (2, 1, 5e-5, 1e-2, 2)
+    args = common.build_parser("x").parse_args(["--preset", "cpu", "--rollouts", "3"])
+    assert common.config_from_args("harvest", args).magrpo.num_rollouts == 3
+    r = p.replace(kl_beta=0.1, shared_adapter=True, rounds=7)
+    assert (r.magrpo.kl_beta, r.magrpo.shared_adapter, r.rounds, r.magrpo.num_rollouts) == (0.1, True, 7, 4)
+    args = common.build_parser("x").parse_args(["--preset", "cpu", "--rollouts", "0"])
+    with pytest.raises(SystemExit, match="num_rollouts must be >= 1, got 0"):
+        common.config_from_args("harvest", args)
+    with pytest.raises(SystemExit, match="clip_eps must be in"):
+        p.replace(clip_eps=1.5)
+
+
+def test_resume_reads_old_flat_config(tmp_path):
+    # A run directory written before RunConfig nested its MAGRPOConfig (flat keys, no optimizer extras).
+    run = tmp_path / "old"
+    run.mkdir()
+    old = dict.fromkeys(OLD_CONFIG_KEYS)
+    old.update(game="cleanup", preset="cpu", num_rollouts=2, micro_batch=8, shared_adapter=False)
+    (run / "config.json").write_text(json.dumps(old))
+    assert common.prepare_run_dir(common.RunConfig.cpu("cleanup"), run, resume=True, force=False) is None
+    with pytest.raises(SystemExit, match="is a cleanup run, not harvest"):
+        common.prepare_run_dir(common.RunConfig.cpu("harvest"), run, resume=True, force=False)
+    # The layout written now keeps every old key, flat.
+    flat = common.RunConfig.cpu("cleanup").flat_dict()
+    assert set(OLD_CONFIG_KEYS) - {"reduced_budget", "num_agents", "eval_seed0"} <= set(flat)
+    assert (flat["num_rollouts"], flat["epochs"], flat["micro_batch"], flat["lora_rank"]) == (2, 1, 8, 32)

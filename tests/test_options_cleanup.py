@@ -1,7 +1,6 @@
 """Clean Up option library: executor on scripted tiny maps (relative moves, beam poses, cooldown), explicit
 failures, instantiation (cap, visibility), delta-form effects bound to the acting agent, and a small burn-in."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from jaxopt_marl import burnin
 from jaxopt_marl.options import get_library
 from jaxopt_marl.options import cleanup as cuopt
 from jaxopt_marl.options.base import NO_PATH, NO_REASON, TARGET_ABSENT
-from tests.mp_option_driver import run_option
+from tests.helpers import cell_grid, option_fixtures, run_option, scripted_state
 from jaxopt_marl.options.meltingpot_common import TARGET_CAP, WAIT_STEPS
 
 N, E, S, W = mp.NORTH, mp.EAST, mp.SOUTH, mp.WEST
@@ -41,34 +40,14 @@ WWWWWWWWW
 """
 
 
-@pytest.fixture(scope="module")
-def env():
-    return Cleanup(num_agents=2, ascii_map=MAP)
-
-
-@pytest.fixture(scope="module")
-def lib(env):
-    return cuopt.make_library(env)
+env, lib = option_fixtures(lambda: Cleanup(num_agents=2, ascii_map=MAP), cuopt.make_library)
 
 
 def scripted(env, agents, apples=(), dirt=None, cooldown=(0, 0)):
     """State with agents ``{aid: ((row, col), facing)}``, apples at the given cells, optional dirt cells (default:
     the map's) and clean cooldowns."""
-    _, s = env.reset(jax.random.PRNGKey(0))
-    pos, facing = s.pos, s.facing
-    for aid, ((r, c), f) in agents.items():
-        pos, facing = pos.at[aid].set(jnp.array([r, c])), facing.at[aid].set(f)
-    grid = np.zeros((env.height, env.width), bool)
-    for r, c in apples:
-        grid[r, c] = True
-    s = s.replace(pos=pos, facing=facing, apples=jnp.asarray(grid),
-                  clean_cooldown=jnp.asarray(cooldown, jnp.int32))
-    if dirt is not None:
-        d = np.zeros((env.height, env.width), bool)
-        for r, c in dirt:
-            d[r, c] = True
-        s = s.replace(dirt=jnp.asarray(d))
-    return s
+    s = scripted_state(env, agents, apples, clean_cooldown=jnp.asarray(cooldown, jnp.int32))
+    return s if dirt is None else s.replace(dirt=cell_grid(env, dirt))
 
 
 def test_vocabulary_and_labels(lib):

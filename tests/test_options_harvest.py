@@ -2,7 +2,6 @@
 turn, explicit failures, instantiation (cap, visibility, one instance per patch), features, delta-form effects,
 and a small burn-in with its plausible guard."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +13,8 @@ from jaxopt_marl import burnin
 from jaxopt_marl.options import get_library
 from jaxopt_marl.options import harvest as hvopt
 from jaxopt_marl.options.base import NO_PATH, NO_REASON, TARGET_ABSENT
-from tests.mp_option_driver import run_option
+from tests.helpers import option_fixtures, run_option
+from tests.helpers import scripted_state as scripted  # apples=None: the map's
 from jaxopt_marl.options.meltingpot_common import TARGET_CAP
 
 N, E, S, W = mp.NORTH, mp.EAST, mp.SOUTH, mp.WEST
@@ -43,29 +43,7 @@ WWWWWWWWW
 """
 
 
-@pytest.fixture(scope="module")
-def env():
-    return CommonsHarvest(num_agents=2, ascii_map=MAP)
-
-
-@pytest.fixture(scope="module")
-def lib(env):
-    return hvopt.make_library(env)
-
-
-def scripted(env, agents, apples=None):
-    """State with agents ``{aid: ((row, col), facing)}`` and apples at the given cells (default: all)."""
-    _, s = env.reset(jax.random.PRNGKey(0))
-    pos, facing = s.pos, s.facing
-    for aid, ((r, c), f) in agents.items():
-        pos, facing = pos.at[aid].set(jnp.array([r, c])), facing.at[aid].set(f)
-    s = s.replace(pos=pos, facing=facing)
-    if apples is not None:
-        grid = np.zeros((env.height, env.width), bool)
-        for r, c in apples:
-            grid[r, c] = True
-        s = s.replace(apples=jnp.asarray(grid))
-    return s
+env, lib = option_fixtures(lambda: CommonsHarvest(num_agents=2, ascii_map=MAP), hvopt.make_library)
 
 
 def test_vocabulary_and_patch_targets(lib):

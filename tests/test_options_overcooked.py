@@ -12,19 +12,13 @@ from jaxopt_marl.options import get_library
 from jaxopt_marl.options.base import NO_PATH, NO_REASON, NOTHING_HELD, TARGET_ABSENT
 from jaxopt_marl.options import overcooked as ocopt
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_SUCCESS
+from tests.helpers import drive_option, option_fixtures
 
 ONION, PLATE = 4, 1  # V2 item bits: one onion (ingredient 0 count 1), an empty plate
 FACE = {"N": 0, "S": 1, "E": 2, "W": 3}  # V2 facing codes
 
 
-@pytest.fixture(scope="module")
-def env():
-    return envs_jax.make("overcooked_aa")
-
-
-@pytest.fixture(scope="module")
-def lib(env):
-    return get_library("overcooked_aa", env)
+env, lib = option_fixtures(lambda: envs_jax.make("overcooked_aa"), lambda e: get_library("overcooked_aa", e))
 
 
 def scripted(env, agents, pots=None):
@@ -50,35 +44,10 @@ def slot(lib, name, target):
     return int(lib.slot_start[o] + k)
 
 
-_JIT = {}
-
-
-def _jitted(env, lib):
-    """(act, step) jitted once per (env, lib): act(state, aid, ex), step(state, actions int32[2])."""
-    key = (id(env), id(lib))
-    if key not in _JIT:
-        act = jax.jit(lambda s, a, e: lib.act(s, a, e))
-        step = jax.jit(lambda s, acts: env.step_env(jax.random.PRNGKey(0), s,
-                                                     {"agent_0": acts[0], "agent_1": acts[1]})[1])
-        _JIT[key] = (act, step)
-    return _JIT[key]
-
-
 def run_option(env, lib, state, aid, name, target, max_steps=40):
-    """Start and execute one option with the other agent staying; returns (final state, actions, drained?)."""
-    ex, reason = lib.start(state, aid, lib.option_id(name), jnp.asarray(target, jnp.int32))
-    assert int(reason) == NO_REASON
-    act, step = _jitted(env, lib)
-    actions = []
-    for _ in range(max_steps):
-        a, drained, ex = act(state, aid, ex)
-        acts = [oc.STAY, oc.STAY]
-        acts[aid] = int(a)
-        actions.append(int(a))
-        state = step(state, jnp.asarray(acts, jnp.int32))
-        if bool(drained):
-            return state, actions, True
-    return state, actions, False
+    """Start and execute one option (until drained or timeout) with the other agent staying; returns (final state,
+    actions, drained?)."""
+    return drive_option(env, lib, state, aid, name, target, oc.STAY, max_steps=max_steps, seed=0)
 
 
 def test_vocabulary_and_slots(lib):

@@ -5,10 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-import envs_jax
-from jaxopt_marl import guards as G
-from jaxopt_marl import options, rollout
-from lora import LoRAConfig
+from jaxopt_marl import rollout
+from tests.helpers import tiny_roller
 
 GAME = "overcooked_aa"
 STEPS = 8
@@ -16,12 +14,7 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def roller():
-    env = envs_jax.make(GAME, max_steps=STEPS)
-    lib = options.get_library(GAME, env)
-    model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=2, rank=2, alpha=4.0))
-    pol = rollout.LLMPolicy(model, tok, GAME, rollout.PolicyConfig(mode="sample", temperature=1.0,
-                                                                   max_new_tokens=6))
-    return rollout.Roller(GAME, env, lib, G.compile_guards([], lib.vocab), pol, menu_seed=0)
+    return tiny_roller(GAME, STEPS, rollout.PolicyConfig(mode="sample", temperature=1.0, max_new_tokens=6))
 
 
 def _check(res, k, n=2):

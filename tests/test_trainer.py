@@ -9,10 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-import envs_jax
-from jaxopt_marl import guards as G
-from jaxopt_marl import magrpo, options, rollout, trainer
-from lora import LoRAConfig, split_model
+from jaxopt_marl import magrpo, rollout, trainer
+from lora import split_model
+from tests.helpers import tiny_roller
 
 GAME = "overcooked_aa"
 STEPS = 8
@@ -21,16 +20,13 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def setup():
     """One roller / train step shared by every trainer (compiled once); ``fresh(dir)`` = a new run."""
-    env = envs_jax.make(GAME, max_steps=STEPS)
-    lib = options.get_library(GAME, env)
-    model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=2, rank=2, alpha=4.0))
+    roller = tiny_roller(GAME, STEPS, rollout.PolicyConfig(mode="choice_only", temperature=1.0))
+    pol = roller.policy
     # Non-zero B so the KL term moves the adapters (fresh adapters are the reference: no gradient at all).
-    _, adapters, _ = split_model(model)
+    _, adapters, _ = split_model(pol.model)
     leaves, treedef = jax.tree.flatten(adapters)
     keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
     init = jax.tree.unflatten(treedef, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
-    pol = rollout.LLMPolicy(model, tok, GAME, rollout.PolicyConfig(mode="choice_only", temperature=1.0))
-    roller = rollout.Roller(GAME, env, lib, G.compile_guards([], lib.vocab), pol)
     mcfg = magrpo.MAGRPOConfig.smoke(num_rollouts=2, temperature=1.0, kl_beta=0.5)
     shared = {}
 
