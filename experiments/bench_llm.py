@@ -6,8 +6,9 @@ Measures, for SmolLM2-135M-Instruct (or ``--model``) on this machine, in one run
   (CPU: ``cores x GHz x FLOPs/cycle``, FLOPs/cycle = SIMD fp32 lanes x 2 (FMA) x FMA units;
   GPU: a per-device peak table, reported as MFU);
 * the same batch through :func:`lora.reference.reference_logits` (plain jnp, no cache, all logits);
-* decisions/s = prompt scoring plus an ``--new-tokens`` sampled response per row, once recomputing the
-  shared system prompt for every row and once computing it once (batch-1 KV cache broadcast).
+* decisions/s = prompt scoring plus a sampled response per row (one token, as a ``choice_only``
+  decision, and ``--new-tokens``), once recomputing the shared system prompt for every row and once
+  computing it once (batch-1 KV cache broadcast) or once for the round.
 
 Usage: ``python -m experiments.bench_llm [--batch 8] [--repeats 3] [--out bench.json]``.
 """
@@ -28,7 +29,6 @@ from flax import nnx
 
 import lora
 from lora import sampling
-from lora.model import KVCache
 from lora.params import export_hf_weights
 from lora.reference import reference_logits
 from lora.tokenizer import render_chat
@@ -163,22 +163,26 @@ def main(argv: list[str] | None = None) -> None:
   ref_s = _time(lambda: ref_fn(weights, full_ids), args.repeats)
   ref_flops = b * t * cfg.flops_per_token(context=t / 2, head=True)
 
-  # 4. Decisions: scoring the prompt + sampling a short response, recompute vs prefix cache.
+  # 4. Decisions: scoring the prompt + sampling a response, recompute vs prefix cache. Two response
+  # lengths: one token (a ``choice_only`` decision: the menu letter) and ``--new-tokens``.
   key = jax.random.key(0)
-  gen_kw = dict(max_new_tokens=args.new_tokens, eos_ids=eos, pad_id=pad)
-  recompute_s = _time(lambda: sampling.generate(graphdef, state, full_ids, full_mask, key, None,
-                                                0.7, **gen_kw).tokens, args.repeats)
+  decisions = {}
+  for m in sorted({1, args.new_tokens}):
+    gen_kw = dict(max_new_tokens=m, eos_ids=eos, pad_id=pad)
+    recompute_s = _time(lambda: sampling.generate(graphdef, state, full_ids, full_mask, key, None,
+                                                  0.7, **gen_kw).tokens, args.repeats)
 
-  def cached():
-    cache = sampling.prefill_prefix(graphdef, state, prefix_ids)  # once per batch
-    return sampling.generate(graphdef, state, suf_ids, suf_mask, key, None, 0.7,
-                             cache.broadcast(b), **gen_kw).tokens
+    def cached():
+      cache = sampling.prefill_prefix(graphdef, state, prefix_ids)  # once per batch
+      return sampling.generate(graphdef, state, suf_ids, suf_mask, key, None, 0.7,
+                               cache.broadcast(b), **gen_kw).tokens
 
-  cached_s = _time(cached, args.repeats)
-  # The system prompt is fixed for a whole round, so its cache can also be built once per round.
-  round_cache = sampling.prefill_prefix(graphdef, state, prefix_ids).broadcast(b)
-  reused_s = _time(lambda: sampling.generate(graphdef, state, suf_ids, suf_mask, key, None, 0.7,
-                                             round_cache, **gen_kw).tokens, args.repeats)
+    cached_s = _time(cached, args.repeats)
+    # The system prompt is fixed for a whole round, so its cache can also be built once per round.
+    round_cache = sampling.prefill_prefix(graphdef, state, prefix_ids).broadcast(b)
+    reused_s = _time(lambda: sampling.generate(graphdef, state, suf_ids, suf_mask, key, None, 0.7,
+                                               round_cache, **gen_kw).tokens, args.repeats)
+    decisions[m] = (recompute_s, cached_s, reused_s)
 
   # 5. Peak and report.
   if device.platform == "gpu":
@@ -196,15 +200,15 @@ def main(argv: list[str] | None = None) -> None:
   for name, tps, fps, secs in rows:
     pct = 100 * fps / peak if peak else float("nan")
     print(f"{name:32s} {tps:10.0f} {fps / 1e9:9.1f} {pct:7.1f} {secs:8.3f}")
-  rec_dps, cache_dps = b / recompute_s, b / cached_s
-  print(f"\n{'decisions (score + ' + str(args.new_tokens) + ' sampled tokens)':44s} "
-        f"{'decisions/s':>11s} {'seconds':>8s}")
-  print(f"{'recompute shared prefix per row':44s} {rec_dps:11.2f} {recompute_s:8.3f}")
-  print(f"{'prefix KV cache computed once':44s} {cache_dps:11.2f} {cached_s:8.3f}")
-  reuse_dps = b / reused_s
-  print(f"{'prefix KV cache reused across batches':44s} {reuse_dps:11.2f} {reused_s:8.3f}")
-  print(f"prefix caching speed-up: {cache_dps / rec_dps:.2f}x per batch, "
-        f"{reuse_dps / rec_dps:.2f}x reused")
+  for m, (recompute_s, cached_s, reused_s) in decisions.items():
+    rec_dps, cache_dps, reuse_dps = b / recompute_s, b / cached_s, b / reused_s
+    what = "1 token: a choice_only decision" if m == 1 else f"{m} sampled tokens"
+    print(f"\n{'decisions (score + ' + what + ')':48s} {'decisions/s':>11s} {'seconds':>8s}")
+    print(f"{'recompute shared prefix per row':48s} {rec_dps:11.2f} {recompute_s:8.3f}")
+    print(f"{'prefix KV cache computed once':48s} {cache_dps:11.2f} {cached_s:8.3f}")
+    print(f"{'prefix KV cache reused across batches':48s} {reuse_dps:11.2f} {reused_s:8.3f}")
+    print(f"prefix caching speed-up: {cache_dps / rec_dps:.2f}x per batch, "
+          f"{reuse_dps / rec_dps:.2f}x reused")
 
   result = {
       "model": args.model or "SmolLM2-135M-Instruct.Q4_1.gguf", "dtype": args.dtype,
@@ -216,11 +220,16 @@ def main(argv: list[str] | None = None) -> None:
       "perf/prefill_frac_peak": prefill_flops / prefill_s / peak if peak else None,
       "perf/reference_tokens_per_s": n_tokens / ref_s,
       "perf/reference_flops_per_s": ref_flops / ref_s,
-      "perf/decisions_per_s_recompute": rec_dps, "perf/decisions_per_s_prefix_cache": cache_dps,
-      "perf/prefix_cache_speedup": cache_dps / rec_dps,
-      "perf/decisions_per_s_prefix_reused": reuse_dps,
-      "perf/prefix_reused_speedup": reuse_dps / rec_dps,
   }
+  for m, (recompute_s, cached_s, reused_s) in decisions.items():
+    tag = "" if m == args.new_tokens else f"_{m}token"
+    result.update({
+        f"perf/decisions_per_s_recompute{tag}": b / recompute_s,
+        f"perf/decisions_per_s_prefix_cache{tag}": b / cached_s,
+        f"perf/prefix_cache_speedup{tag}": recompute_s / cached_s,
+        f"perf/decisions_per_s_prefix_reused{tag}": b / reused_s,
+        f"perf/prefix_reused_speedup{tag}": recompute_s / reused_s,
+    })
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

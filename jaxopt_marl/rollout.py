@@ -116,8 +116,7 @@ def _letter_logprobs(graphdef, state, ids, mask, agent_ids, cache, letter_ids):
     model = nnx.merge(graphdef, state)
     if cache is None:
         h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids)
-    else:
-        cache = cache.grow(cache.size + ids.shape[1])
+    else:  # attends to the prefix slots; the cache the chunk would extend is not needed
         h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache)
     logp = jax.nn.log_softmax(model.logits(h[:, -1]), axis=-1)
     return logp[:, letter_ids]

@@ -198,22 +198,25 @@ def prefix_cache(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array,
         dropout_key: LoRA dropout key (None = deterministic).
 
     Returns:
-        (k, v), each [L, R, P, K, H] in the model dtype.
+        (k, v), each [L, R, K, P, H] (the heads-major layout of ``lora.KVCache``) in the model dtype.
     """
     r = adapter_rows.shape[0]
     ids = jnp.broadcast_to(jnp.asarray(prefix, jnp.int32)[None], (r, len(prefix)))
-    cache = KVCache.init(model.cfg, r, len(prefix), model.dtype)
-    _, cache = model.hidden(ids, agent_ids=adapter_rows, cache=cache, dropout_key=dropout_key)
+    _, cache = model.hidden(ids, agent_ids=adapter_rows, cache_size=len(prefix),
+                            dropout_key=dropout_key)
     return cache.k, cache.v
 
 
-def _rows_cache(kv: tuple[jax.Array, jax.Array], rows: jax.Array, extra: int) -> KVCache:
-    """Cache whose row b is prefix row ``rows[b]`` of ``kv``, with ``extra`` free slots after it."""
+def _rows_cache(kv: tuple[jax.Array, jax.Array], rows: jax.Array) -> KVCache:
+    """Full cache (no free slot) whose row b is prefix row ``rows[b]`` of ``kv``.
+
+    The decisions attend to its P slots and are not written into it (``Decoder.hidden`` without
+    ``cache_size`` returns no cache), so no slot is wasted on them.
+    """
     k, v = kv
-    b, p = rows.shape[0], k.shape[2]
-    cache = KVCache(k=k[:, rows], v=v[:, rows], valid=jnp.ones((b, p), bool),
-                    next_pos=jnp.full((b,), p, jnp.int32), index=jnp.asarray(p, jnp.int32))
-    return cache.grow(p + extra)
+    b, p = rows.shape[0], k.shape[3]
+    return KVCache(k=k[:, rows], v=v[:, rows], valid=jnp.ones((b, p), bool),
+                   next_pos=jnp.full((b,), p, jnp.int32), index=jnp.asarray(p, jnp.int32))
 
 
 def sequence_logprobs(model: Decoder, batch: DecisionBatch, adapter_ids: jax.Array,
@@ -246,7 +249,7 @@ def sequence_logprobs(model: Decoder, batch: DecisionBatch, adapter_ids: jax.Arr
     if batch.prefix:
         if prefix_kv is None or prefix_rows is None:
             raise ValueError("a batch with a shared prefix needs prefix_kv and prefix_rows")
-        cache = _rows_cache(prefix_kv, prefix_rows, t)
+        cache = _rows_cache(prefix_kv, prefix_rows)
     h, _ = model.hidden(batch.tokens, attention_mask=batch.attention_mask, agent_ids=adapter_ids,
                         cache=cache, dropout_key=dropout_key)
     logits = model.logits(h[:, -tr - 1:-1]) / temperature  # position t predicts token t + 1

@@ -46,9 +46,13 @@ class KVCache:
   to valid slots s <= q, so left padding, a prefix computed once and broadcast, and token-by-token
   decoding all use the same rule.
 
+  Keys and values are stored heads-major, [.., K, S, H], the layout of the attention GEMMs
+  (:func:`_attention`): reading a layer's cache then needs no transpose copy, which made decoding
+  cost ~0.13 ms per cached slot per step for SmolLM2 at B=8 in the [.., S, K, H] layout (issue #4).
+
   Attributes:
-    k: keys, [L, B, S, K, H] in the model dtype.
-    v: values, [L, B, S, K, H].
+    k: keys, [L, B, K, S, H] in the model dtype.
+    v: values, [L, B, K, S, H].
     valid: bool[B, S], slot holds a real token of that row.
     next_pos: int32[B], RoPE position of the row's next real token.
     index: int32[], next slot to write.
@@ -63,14 +67,14 @@ class KVCache:
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, size: int, dtype=jnp.float32) -> "KVCache":
     """An empty cache with ``size`` slots per row."""
-    shape = (cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, size, cfg.head_dim)
     return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                valid=jnp.zeros((batch, size), bool), next_pos=jnp.zeros((batch,), jnp.int32),
                index=jnp.zeros((), jnp.int32))
 
   @property
   def size(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
   def broadcast(self, batch: int) -> "KVCache":
     """Repeats a batch-1 cache (a shared prompt prefix) to ``batch`` rows without recomputing it."""
@@ -83,7 +87,7 @@ class KVCache:
     extra = size - self.size
     if extra <= 0:
       return self
-    pad5 = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+    pad5 = ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))
     return self.replace(k=jnp.pad(self.k, pad5), v=jnp.pad(self.v, pad5),
                         valid=jnp.pad(self.valid, ((0, 0), (0, extra))))
 
@@ -211,21 +215,26 @@ class Block(nnx.Module):
     self.down_proj = LoRALinear(f, d, use_bias=False, lora=lo("down_proj"), dtype=dtype, rngs=rngs)
     self.num_kv_heads, self.num_groups, self.head_dim = cfg.num_kv_heads, cfg.num_groups, h
 
-  def __call__(self, x, *, cos, sin, bias, agent_ids, dropout_key, kv, index):
+  def __call__(self, x, *, cos, sin, bias, agent_ids, dropout_key, kv, bias_old, want_kv):
     """Applies the block.
 
     Args:
       x: [B, T, D] residual stream.
       cos, sin: float32[B, T, H] rotary tables for the chunk's positions.
-      bias: float32[B, T, S] additive attention bias: 0 for allowed (query, key slot) pairs,
-        ``_MASK_VALUE`` for the others (built once per call by :meth:`Decoder.hidden`).
+      bias: float32[B, T, T] additive attention bias among the chunk's own tokens: 0 for allowed
+        (query, key) pairs (key real and not after the query), ``_MASK_VALUE`` for the others
+        (built once per call by :meth:`Decoder.hidden`, not per layer).
       agent_ids: int32[B] or None (frozen base).
       dropout_key: PRNG key or None.
-      kv: (k, v) cache of this layer, each [B, S, K, H], or None (keys are the chunk itself).
-      index: int32[] slot of the chunk's first token in the cache.
+      kv: (k, v) cache of this layer before the chunk, each [B, K, S, H], or None (no cache).
+      bias_old: float32[B, 1, S] additive bias of the cached slots (0 for real tokens written before
+        the chunk), with ``kv``.
+      want_kv: return the chunk's keys and values (to be written into a cache).
 
     Returns:
-      (x [B, T, D], (k, v) updated cache or None).
+      (x [B, T, D], (k, v) of the chunk, each [B, K, T, H] in the model dtype, or None). The caller
+      writes them into the cache once for all layers (:meth:`Decoder.hidden`), so a layer's cache
+      is only read here, never copied.
     """
     b, t, _ = x.shape
     kk, g, h = self.num_kv_heads, self.num_groups, self.head_dim
@@ -239,14 +248,9 @@ class Block(nnx.Module):
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if kv is not None:
-      k_all = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
-      v_all = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
-      kv = (k_all, v_all)
-      att = _attention(q, k_all, v_all, bias, kk, g)
-    else:
-      att = _causal_attention(q, k, v, bias, kk, g)
-    att = att.astype(x.dtype)
+    k, v = _heads_major(k), _heads_major(v)
+    old = None if kv is None else (kv[0], kv[1], bias_old)
+    att = _causal_attention(q, k, v, bias, kk, g, old=old).astype(x.dtype)
     x = x + self.o_proj(att, agent_ids, keys[3])
 
     # 2. SwiGLU MLP.
@@ -254,50 +258,77 @@ class Block(nnx.Module):
     gate = self.gate_proj(y, agent_ids, keys[4])
     up = self.up_proj(y, agent_ids, keys[5])
     x = x + self.down_proj(jax.nn.silu(gate) * up, agent_ids, keys[6])
-    return x, kv
+    return x, ((k, v) if want_kv else None)
+
+
+def _heads_major(x: jax.Array) -> jax.Array:
+  """[B, S, K, H] -> [B, K, S, H] (keys / values laid out for a batched GEMM per kv head)."""
+  return x.transpose(0, 2, 1, 3)
 
 
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, kv_heads: int,
                groups: int) -> jax.Array:
-  """Grouped-query softmax attention: q [B, T, K*G, H], k/v [B, S, K, H] -> [B, T, K*G*H].
+  """Grouped-query softmax attention: q [B, T, K*G, H], k/v [B, K, S, H] -> [B, T, K*G*H].
 
   Both products run as one batched GEMM per (row, kv head), with the G query heads of a kv head
   stacked on the row axis ([B, K, G*T, H] x [B, K, S, H]): XLA's CPU backend lowers 5-D einsums
   with two batch axes to a slow loop (issue #4: 183 ms -> 37 ms per SmolLM2 layer at B=8, T=331).
   The 1/sqrt(H) scale is applied to q (fewer multiplies than on the [.., T, S] scores).
+
+  Args:
+    q: queries.
+    k, v: keys and values, heads-major (the layout of :class:`KVCache`).
+    bias: float32[B, T, S] additive bias (0 allowed, ``_MASK_VALUE`` masked).
+    kv_heads, groups: K and G.
   """
   b, t, _, h = q.shape
-  s = k.shape[1]
+  s = k.shape[2]
   q = (q * (1.0 / math.sqrt(h))).astype(q.dtype)
   q = q.reshape(b, t, kv_heads, groups, h).transpose(0, 2, 3, 1, 4).reshape(
       b, kv_heads, groups * t, h)
-  scores = jnp.einsum("bkqh,bksh->bkqs", q, k.transpose(0, 2, 1, 3),
-                      preferred_element_type=jnp.float32)
+  scores = jnp.einsum("bkqh,bksh->bkqs", q, k, preferred_element_type=jnp.float32)
   scores = scores.reshape(b, kv_heads, groups, t, s) + bias[:, None, None]
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv_heads, groups * t, s)
-  out = jnp.einsum("bkqs,bksh->bkqh", probs, v.transpose(0, 2, 1, 3))
+  out = jnp.einsum("bkqs,bksh->bkqh", probs, v)
   return out.reshape(b, kv_heads, groups, t, h).transpose(0, 3, 1, 2, 4).reshape(
       b, t, kv_heads * groups * h)
 
 
 def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, kv_heads: int,
-                      groups: int, block: int = _CAUSAL_BLOCK) -> jax.Array:
-  """:func:`_attention` without a cache (key slot s = query slot s), skipping future keys.
+                      groups: int, old: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+                      block: int = _CAUSAL_BLOCK) -> jax.Array:
+  """A chunk's causal attention over its own keys (and optionally a cache), skipping future keys.
 
-  Queries go in blocks of about ``block`` rows; block [a, e) only needs keys [0, e), since the bias
-  masks every slot after the query's own. For T=331 in 4 blocks that computes 62% of the
-  [T, S] scores; the skipped ones would get probability exactly 0, so a real token's result is
+  q [B, T, K*G, H]; the chunk's k/v [B, K, T, H] with bias float32[B, T, T] (key slot s = query
+  slot s); ``old``: the cache before the chunk, ``(k_old [B, K, S, H], v_old [B, K, S, H],
+  bias_old float32[B, 1, S])`` or None. Returns [B, T, K*G*H]. Decode steps (T = 1) take the same
+  path: one block, the cache plus the token itself.
+
+  Queries go in blocks of about ``block`` rows; block [a, e) only needs the chunk's keys [0, e),
+  since the bias masks every key after the query's own. For T=331 in 4 blocks that computes 62% of
+  the [T, T] scores; the skipped ones would get probability exactly 0, so a real token's result is
   unchanged (a fully masked padding query, whose output is never read, averages fewer slots).
+  With a cache, each block's keys are the S cached slots followed by its chunk keys, one GEMM pair
+  and one softmax. (A flash-style combined softmax over the two key sets without concatenating
+  them was measured slower on XLA CPU: 18.5 against 9.4 ms per SmolLM2 layer at B=8, T=93, S=238;
+  0.69 against 0.84 ms for a decode step, T=1, S=339 -- ~4 ms per 30-layer step, not worth a
+  second path.)
   """
   t = q.shape[1]
   n = max(1, min(_CAUSAL_MAX_BLOCKS, round(t / block)))
-  if n == 1:
-    return _attention(q, k, v, bias, kv_heads, groups)
   ends = [round(t * (i + 1) / n) for i in range(n)]
   starts = [0] + ends[:-1]
-  return jnp.concatenate([
-      _attention(q[:, a:e], k[:, :e], v[:, :e], bias[:, a:e, :e], kv_heads, groups)
-      for a, e in zip(starts, ends)], axis=1)
+  outs = []
+  for a, e in zip(starts, ends):
+    kb, vb, bb = k[:, :, :e], v[:, :, :e], bias[:, a:e, :e]
+    if old is not None:
+      k_old, v_old, bias_old = old
+      kb = jnp.concatenate([k_old, kb.astype(k_old.dtype)], axis=2)
+      vb = jnp.concatenate([v_old, vb.astype(v_old.dtype)], axis=2)
+      bb = jnp.concatenate([jnp.broadcast_to(bias_old, (bb.shape[0], e - a, k_old.shape[2])), bb],
+                           axis=-1)
+    outs.append(_attention(q[:, a:e], kb, vb, bb, kv_heads, groups))
+  return outs[0] if n == 1 else jnp.concatenate(outs, axis=1)
 
 
 class Decoder(nnx.Module):
@@ -329,9 +360,13 @@ class Decoder(nnx.Module):
 
   def hidden(self, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
              positions: jax.Array | None = None, agent_ids: jax.Array | None = None,
-             cache: KVCache | None = None, dropout_key: jax.Array | None = None
-             ) -> tuple[jax.Array, KVCache | None]:
-    """Final-norm hidden states of a chunk of tokens.
+             cache: KVCache | None = None, cache_size: int | None = None,
+             dropout_key: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+    """Final-norm hidden states of a chunk of tokens, optionally continuing or starting a KV cache.
+
+    The chunk attends causally to itself (blocked, skipping future keys) and, with ``cache``, to
+    every slot of the cache written before it. The chunk's keys and values are written into the
+    returned cache once, after the layer scan, so a cache is never copied per layer.
 
     Args:
       input_ids: int32[B, T].
@@ -339,30 +374,42 @@ class Decoder(nnx.Module):
       positions: int32[B, T] RoPE positions; default: the row's next position plus the running
         count of its real tokens (HF's ``cumsum(mask) - 1`` for left padding).
       agent_ids: int32[B] adapter per row, None for the frozen base.
-      cache: KV cache to append the chunk to (slots ``cache.index .. + T``), or None.
+      cache: KV cache the chunk continues (it attends to all S slots of it, masked to the real ones
+        before ``cache.index``), or None. Pass a cache no larger than needed: empty slots are masked,
+        not skipped.
+      cache_size: slots of the returned cache (static), or None: no cache is returned (the chunk
+        only reads ``cache``). With ``cache`` it must be >= ``cache.size`` (the cache is grown
+        after the layers); the chunk goes to slots ``cache.index .. + T`` (0 .. T for a new
+        cache), which must fit.
       dropout_key: enables LoRA dropout when given.
 
     Returns:
-      (h [B, T, D] in the model dtype, updated cache or None).
+      (h [B, T, D] in the model dtype, the cache holding the chunk, or None).
+
+    Raises:
+      ValueError: ``cache_size`` smaller than the cache or than the chunk.
     """
     cfg = self.cfg
     with jax.named_scope("decoder_hidden"):
       b, t = input_ids.shape
+      if cache_size is not None and (cache_size < t or (cache is not None
+                                                        and cache_size < cache.size)):
+        raise ValueError(f"cache_size={cache_size} cannot hold the cache "
+                         f"({0 if cache is None else cache.size} slots) or the chunk ({t} tokens)")
       mask_bt = (jnp.ones((b, t), bool) if attention_mask is None
                  else attention_mask.astype(bool))
+      # Biases built once, not per layer: among the chunk's tokens [B, T, T] (key real and not in
+      # the future) and, with a cache, over its slots [B, 1, S] (real and written before the chunk).
+      causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+      bias = jnp.where(mask_bt[:, None, :] & causal[None], 0.0, _MASK_VALUE).astype(jnp.float32)
       if cache is None:
-        start = jnp.zeros((b,), jnp.int32)
-        index = jnp.zeros((), jnp.int32)
-        kv_valid = mask_bt
+        start, index, bias_old = jnp.zeros((b,), jnp.int32), jnp.zeros((), jnp.int32), None
       else:
         start, index = cache.next_pos, cache.index
-        kv_valid = jax.lax.dynamic_update_slice(cache.valid, mask_bt, (0, index))
+        old_ok = cache.valid & (jnp.arange(cache.size)[None, :] < index)
+        bias_old = jnp.where(old_ok, 0.0, _MASK_VALUE).astype(jnp.float32)[:, None, :]
       if positions is None:
         positions = start[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
-      slots = kv_valid.shape[1]
-      q_slot = index + jnp.arange(t)
-      mask = kv_valid[:, None, :] & (jnp.arange(slots)[None, None, :] <= q_slot[None, :, None])
-      bias = jnp.where(mask, 0.0, _MASK_VALUE).astype(jnp.float32)  # once, not per layer
 
       angles = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
       angles = jnp.concatenate([angles, angles], axis=-1)
@@ -372,19 +419,29 @@ class Decoder(nnx.Module):
       layer_keys = (jax.random.split(dropout_key, cfg.num_layers) if dropout_key is not None
                     else None)
       gd, st = nnx.split(self.blocks)
+      want_kv = cache_size is not None
 
       def body(x, xs):
         st_l, kv_l, key_l = xs
         block = nnx.merge(gd, st_l)
         return block(x, cos=cos, sin=sin, bias=bias, agent_ids=agent_ids, dropout_key=key_l,
-                     kv=kv_l, index=index)
+                     kv=kv_l, bias_old=bias_old, want_kv=want_kv)
 
+      # The cache is a scan input (read per layer); the scan outputs only the chunk's keys and
+      # values [L, B, K, T, H], written below by one update per tensor (in place when the cache
+      # buffer is carried by a loop, as in ``generate``).
       kv_in = None if cache is None else (cache.k, cache.v)
-      x, kv_out = jax.lax.scan(body, x, (st, kv_in, layer_keys))
+      x, kv_new = jax.lax.scan(body, x, (st, kv_in, layer_keys))
       h = self.final_norm(x)
-      if cache is not None:
-        cache = KVCache(k=kv_out[0], v=kv_out[1], valid=kv_valid,
-                        next_pos=start + mask_bt.sum(axis=1, dtype=jnp.int32), index=index + t)
+      if not want_kv:
+        return h, None
+      cache = (KVCache.init(cfg, b, cache_size, kv_new[0].dtype) if cache is None
+               else cache.grow(cache_size))
+      at = (0, 0, 0, index, 0)
+      cache = KVCache(k=jax.lax.dynamic_update_slice(cache.k, kv_new[0], at),
+                      v=jax.lax.dynamic_update_slice(cache.v, kv_new[1], at),
+                      valid=jax.lax.dynamic_update_slice(cache.valid, mask_bt, (0, index)),
+                      next_pos=start + mask_bt.sum(axis=1, dtype=jnp.int32), index=index + t)
       return h, cache
 
   def logits(self, h: jax.Array) -> jax.Array:
@@ -401,14 +458,24 @@ class Decoder(nnx.Module):
                        agent_ids=agent_ids, dropout_key=dropout_key)
     return self.logits(h)
 
-  def step(self, input_ids: jax.Array, cache: KVCache, *, attention_mask: jax.Array | None = None,
-           agent_ids: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+  def step(self, input_ids: jax.Array, cache: KVCache | None, *,
+           attention_mask: jax.Array | None = None, agent_ids: jax.Array | None = None,
+           cache_size: int | None = None) -> tuple[jax.Array, KVCache]:
     """Appends a chunk to ``cache`` and returns (logits of its last column float32[B, V], cache).
 
-    With left-padded prompts the last column is every row's last real token.
+    With left-padded prompts the last column is every row's last real token. ``cache=None`` starts
+    a new cache of ``cache_size`` slots; by default the returned cache has ``cache``'s size. See
+    :meth:`hidden` for both arguments.
+
+    Raises:
+      ValueError: no cache and no ``cache_size``; ``cache_size`` too small (:meth:`hidden`).
     """
+    if cache_size is None:
+      if cache is None:
+        raise ValueError("step without a cache needs cache_size (the slots of the new cache)")
+      cache_size = cache.size
     h, cache = self.hidden(input_ids, attention_mask=attention_mask, agent_ids=agent_ids,
-                           cache=cache)
+                           cache=cache, cache_size=cache_size)
     return self.logits(h[:, -1]), cache
 
 

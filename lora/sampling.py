@@ -97,8 +97,7 @@ def prefill_prefix(graphdef, state, prefix_ids, *, capacity: int | None = None) 
     KVCache with batch 1, ``index = P``.
   """
   model = nnx.merge(graphdef, state)
-  cache = KVCache.init(model.cfg, 1, capacity or prefix_ids.shape[1], model.dtype)
-  _, cache = model.hidden(prefix_ids, cache=cache)
+  _, cache = model.hidden(prefix_ids, cache_size=capacity or prefix_ids.shape[1])
   return cache
 
 
@@ -111,8 +110,8 @@ def prefill_prefix_per_agent(graphdef, state, prefix_ids, agent_ids, *,
   """
   model = nnx.merge(graphdef, state)
   n = agent_ids.shape[0]
-  cache = KVCache.init(model.cfg, n, capacity or prefix_ids.shape[1], model.dtype)
-  _, cache = model.hidden(jnp.repeat(prefix_ids, n, axis=0), agent_ids=agent_ids, cache=cache)
+  _, cache = model.hidden(jnp.repeat(prefix_ids, n, axis=0), agent_ids=agent_ids,
+                          cache_size=capacity or prefix_ids.shape[1])
   return cache
 
 
@@ -142,6 +141,9 @@ def generate(graphdef, state, prompt_ids, prompt_mask, key, agent_ids=None, temp
              pad_id: int = 0) -> Generation:
   """Samples up to ``max_new_tokens`` per row with a KV cache (temperature <= 0: greedy).
 
+  The decode loop is a ``lax.while_loop`` that stops once every row has produced an end token, so a
+  batch of short answers costs as many model calls as its longest answer, not M.
+
   Args:
     graphdef, state: from ``nnx.split(model)``.
     prompt_ids: int32[B, Tp] left-padded prompts (after the prefix, if any).
@@ -156,31 +158,64 @@ def generate(graphdef, state, prompt_ids, prompt_mask, key, agent_ids=None, temp
 
   Returns:
     :class:`Generation`.
+
+  Raises:
+    ValueError: ``max_new_tokens`` < 1.
   """
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
   model = nnx.merge(graphdef, state)
   b, tp = prompt_ids.shape
-  if prefix_cache is None:
-    cache = KVCache.init(model.cfg, b, tp + max_new_tokens, model.dtype)
+  # The prompt attends to the prefix's own slots only; the returned cache has room for the rest.
+  if max_new_tokens == 1:  # one token (a menu letter): nothing is decoded, so no cache is written
+    h, cache = model.hidden(prompt_ids, attention_mask=prompt_mask, agent_ids=agent_ids,
+                            cache=prefix_cache)
+    logits = model.logits(h[:, -1])
   else:
-    cache = prefix_cache.grow(int(prefix_cache.size) + tp + max_new_tokens)
-  logits, cache = model.step(prompt_ids, cache, attention_mask=prompt_mask, agent_ids=agent_ids)
+    size = (0 if prefix_cache is None else prefix_cache.size) + tp + max_new_tokens - 1
+    logits, cache = model.step(prompt_ids, prefix_cache, attention_mask=prompt_mask,
+                               agent_ids=agent_ids, cache_size=size)
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+  keys = jax.random.split(key, max_new_tokens)
 
-  def body(carry, key_t):
-    logits, cache, done = carry
+  def sample(logits, i, done):
+    """Token i of every row from its logits [B, V]; pad (log-prob 0) for rows already ended."""
     logp = jax.nn.log_softmax(logits, axis=-1)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     t = jnp.maximum(temperature, 1e-6)
-    sampled = jax.random.categorical(key_t, logits / t, axis=-1).astype(jnp.int32)
+    sampled = jax.random.categorical(keys[i], logits / t, axis=-1).astype(jnp.int32)
     tok = jnp.where(temperature > 0, sampled, greedy)
     tok_lp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
     live = ~done
-    tok = jnp.where(live, tok, pad_id)
-    ended = done | jnp.isin(tok, eos)
-    logits, cache = model.step(tok[:, None], cache, attention_mask=live[:, None],
-                               agent_ids=agent_ids)
-    return (logits, cache, ended), (tok, jnp.where(live, tok_lp, 0.0), live)
+    return jnp.where(live, tok, pad_id), jnp.where(live, tok_lp, 0.0), live
 
-  keys = jax.random.split(key, max_new_tokens)
-  _, (toks, lps, live) = jax.lax.scan(body, (logits, cache, jnp.zeros((b,), bool)), keys)
-  return Generation(tokens=toks.T, logprobs=lps.T, mask=live.T)
+  def record(out, i, tok, lp, live):
+    toks, lps, lives = out
+    return toks.at[:, i].set(tok), lps.at[:, i].set(lp), lives.at[:, i].set(live)
+
+  # Token 0 comes from the prompt's logits; each loop turn feeds the previous token through the
+  # model and samples the next, and the loop stops as soon as every row has ended (a decision's
+  # answer is a few tokens; the M-token budget is rarely used) -- no model call after the last token.
+  done = jnp.zeros((b,), bool)
+  tok, lp, live = sample(logits, 0, done)
+  out = record((jnp.full((b, max_new_tokens), pad_id, jnp.int32),
+                jnp.zeros((b, max_new_tokens), jnp.float32),
+                jnp.zeros((b, max_new_tokens), bool)), 0, tok, lp, live)
+  done = done | jnp.isin(tok, eos)
+
+  def cond(carry):
+    i, _, _, _, done, _ = carry
+    return (i < max_new_tokens) & ~jnp.all(done)
+
+  def body(carry):
+    i, prev, prev_live, cache, done, out = carry
+    logits, cache = model.step(prev[:, None], cache, attention_mask=prev_live[:, None],
+                               agent_ids=agent_ids)
+    tok, lp, live = sample(logits, i, done)
+    return (i + 1, tok, live, cache, done | jnp.isin(tok, eos), record(out, i, tok, lp, live))
+
+  if max_new_tokens > 1:
+    _, _, _, _, _, out = jax.lax.while_loop(
+        cond, body, (jnp.ones((), jnp.int32), tok, live, cache, done, out))
+  toks, lps, live = out
+  return Generation(tokens=toks, logprobs=lps, mask=live)

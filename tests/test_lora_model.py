@@ -92,6 +92,92 @@ def test_kv_cache_and_left_padding_match_full_forward(ids):
   np.testing.assert_allclose(padded[0, 3:], alone[0], atol=1e-5)
 
 
+def _chunked_logits(model, ids, mask, agents, bounds, size):
+  """Logits of ``ids`` fed chunk by chunk [bounds[i], bounds[i+1]) through one growing KV cache."""
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def chunk(state, ids, mask, cache):
+    m = nnx.merge(graphdef, state)
+    h, cache = m.hidden(ids, attention_mask=mask, agent_ids=agents, cache=cache, cache_size=size)
+    return m.logits(h), cache
+
+  cache, outs = None, []
+  for a, e in zip(bounds, bounds[1:]):
+    logits, cache = chunk(state, ids[:, a:e], mask[:, a:e], cache)
+    outs.append(np.asarray(logits))
+  return np.concatenate(outs, 1), cache
+
+
+def test_cached_chunks_match_full_forward():
+  """Every way of filling a KV cache gives the full forward's logits (lora.model): a new cache from
+  the blocked causal path, a long chunk continuing it in two query blocks (flash-style combined
+  softmax over the cache and the chunk's own keys, no concatenation) and short decode chunks; with
+  left padding, a padded slot inside a decode chunk, per-row adapters, and free slots left at the
+  end of the cache."""
+  from lora import model as model_lib
+  model = _model()
+  _randomise_b(model)
+  t = 200
+  ids = jnp.asarray(np.random.RandomState(2).randint(0, 128, (2, t)), jnp.int32)
+  mask = np.ones((2, t), bool)
+  mask[0, :2] = False  # left padding (in the first chunk)
+  mask[1, 187] = False  # a padded slot inside a decode chunk
+  mask = jnp.asarray(mask)
+  agents = jnp.array([2, 0])
+  full = np.asarray(_fwd(model, ids, attention_mask=mask, agent_ids=agents))
+  # chunks: 70 (new cache, 1 block), 116 (2 query blocks over the cache), 1, 2, 3, 4, 4 (decode)
+  bounds = [0, 70, 186, 187, 189, 192, 196, 200]
+  sizes = np.diff(bounds)
+  assert round(sizes[1] / model_lib._CAUSAL_BLOCK) > 1
+  got, cache = _chunked_logits(model, ids, mask, agents, bounds, size=t + 8)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(got[real], full[real], atol=1e-5)
+  assert int(cache.index) == t and cache.size == t + 8
+  assert np.array_equal(np.asarray(cache.valid[:, :t]), real)
+  assert not np.asarray(cache.valid[:, t:]).any()
+  np.testing.assert_array_equal(np.asarray(cache.next_pos), real.sum(1))
+
+
+def test_cached_chunk_gradients_match_full_forward():
+  """The combined-softmax path is differentiable: d(sum of logits of a chunk continuing a cache)
+  with respect to the adapters equals the gradient through one full forward."""
+  model = _model()
+  _randomise_b(model)
+  graphdef, lora_state, rest = nnx.split(model, LoRAParam, ...)
+  ids = jnp.asarray(np.random.RandomState(3).randint(0, 128, (2, 40)), jnp.int32)
+  agents = jnp.array([1, 2])
+
+  def full_loss(lora_state):
+    m = nnx.merge(graphdef, lora_state, rest)
+    return m(ids, agent_ids=agents)[:, 25:].sum()
+
+  def cached_loss(lora_state):
+    m = nnx.merge(graphdef, lora_state, rest)
+    _, cache = m.hidden(ids[:, :25], agent_ids=agents, cache_size=25)
+    h, _ = m.hidden(ids[:, 25:], agent_ids=agents, cache=cache)
+    return m.logits(h).sum()
+
+  g_full = jax.grad(full_loss)(lora_state)
+  g_cached = jax.grad(cached_loss)(lora_state)
+  for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cached)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4,
+                               atol=1e-4 * float(np.abs(np.asarray(a)).max()) + 1e-8)
+  assert max(float(np.abs(np.asarray(a)).max()) for a in jax.tree.leaves(g_full)) > 0
+
+
+def test_cache_size_errors_name_the_sizes():
+  model = _model()
+  ids = jnp.zeros((1, 6), jnp.int32)
+  with pytest.raises(ValueError, match="cache_size=4"):
+    model.hidden(ids, cache_size=4)
+  _, cache = model.hidden(ids, cache_size=8)
+  with pytest.raises(ValueError, match="8 slots"):
+    model.hidden(ids[:, :1], cache=cache, cache_size=7)
+  with pytest.raises(ValueError, match="needs cache_size"):
+    model.step(ids, None)
+
+
 def test_blocked_causal_attention_matches_cache_path_and_reference():
   """Cache-free prefill skips future key blocks (lora.model._causal_attention): same logits as the
   cached path (full key range) and the float64 NumPy reference, with left padding and adapters."""
@@ -209,6 +295,42 @@ def test_generate_scores_agree_and_prefix_cache_matches(ids):
                         None, 0.0, max_new_tokens=4)
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_generate_stops_rows_at_end_tokens_like_a_token_by_token_loop(ids):
+  """Greedy ``generate`` equals a by-hand loop of ``sampling.step`` calls; a row that emits an end
+  token gets pad / log-prob 0 / mask False after it, and the others run to the M-token budget."""
+  model = _model()
+  _randomise_b(model)
+  graphdef, state = nnx.split(model)
+  agents, m = jnp.array([1, 0]), 6
+  logits, cache = jax.jit(lambda s, i: nnx.merge(graphdef, s).step(i, None, agent_ids=agents,
+                                                                     cache_size=9 + m))(state, ids)
+  greedy, logps = [], []
+  for _ in range(m):
+    tok = jnp.argmax(logits, -1).astype(jnp.int32)
+    greedy.append(np.asarray(tok))
+    logps.append(np.asarray(jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], 1)[:, 0]))
+    logits, cache = sampling.step(graphdef, state, tok[:, None], cache, agent_ids=agents)
+  greedy, logps = np.stack(greedy, 1), np.stack(logps, 1)
+  end = int(greedy[0, 2])  # row 0 ends at its third token
+  gen = sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0),
+                          agents, 0.0, max_new_tokens=m, eos_ids=(end,), pad_id=-7)
+  stop0 = int(np.argmax(greedy[0] == end)) + 1
+  np.testing.assert_array_equal(gen.tokens[0], list(greedy[0, :stop0]) + [-7] * (m - stop0))
+  np.testing.assert_array_equal(gen.mask[0], [True] * stop0 + [False] * (m - stop0))
+  np.testing.assert_allclose(gen.logprobs[0, :stop0], logps[0, :stop0], atol=1e-5)
+  assert not np.asarray(gen.logprobs[0, stop0:]).any()
+  stop1 = int(np.argmax(greedy[1] == end)) + 1 if end in greedy[1] else m
+  np.testing.assert_array_equal(gen.tokens[1, :stop1], greedy[1, :stop1])
+  assert int(gen.mask[1].sum()) == stop1
+  one = sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0),
+                          agents, 0.0, max_new_tokens=1, eos_ids=(end,))  # no cache written
+  np.testing.assert_array_equal(one.tokens[:, 0], greedy[:, 0])
+  np.testing.assert_allclose(one.logprobs[:, 0], logps[:, 0], atol=1e-5)
+  with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+    sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0),
+                      max_new_tokens=0)
 
 
 def test_bfloat16_runs_and_returns_float32(ids):

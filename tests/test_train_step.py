@@ -372,9 +372,11 @@ def test_prefix_update_equals_whole_row_update():
     np.testing.assert_allclose(bc.logp_old, bw.logp_old, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(bc.logp_ref, bw.logp_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(mc["grad_norm"], mw["grad_norm"], rtol=1e-4)
+    # Adam divides each component by its own running RMS, so a float32 rounding difference in a
+    # small gradient component moves that component's step by up to ~1e-3 of the learning rate.
     for x, y, x0 in zip(jax.tree.leaves(ac), jax.tree.leaves(aw), jax.tree.leaves(adapters)):
         np.testing.assert_allclose(np.asarray(x) - np.asarray(x0), np.asarray(y) - np.asarray(x0),
-                                   rtol=1e-3, atol=1e-7)
+                                   rtol=1e-3, atol=1e-3 * cfg.learning_rate)
     np.testing.assert_array_equal(mc["ratio_min"][0], [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(mc["ratio_max"][0], [1.0, 1.0, 1.0])
 
