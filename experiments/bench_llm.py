@@ -91,6 +91,23 @@ def _time(fn, repeats: int) -> float:
   return float(np.median(times))
 
 
+def _time_interleaved(fns, repeats: int) -> list[float]:
+  """Median wall seconds of each ``fn()``, the functions run in turn each repetition.
+
+  Interleaving keeps the ratios between them fair on a machine whose speed drifts over a run (a
+  shared 2-core VM: sequential medians drifted by 10-20% between paths).
+  """
+  for fn in fns:
+    jax.block_until_ready(fn())  # compile
+  times = [[] for _ in fns]
+  for _ in range(repeats):
+    for fn, ts in zip(fns, times):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn())
+      ts.append(time.perf_counter() - t0)
+  return [float(np.median(ts)) for ts in times]
+
+
 def _left_pad(rows: list[list[int]], pad: int):
   width = max(map(len, rows))
   ids = np.full((len(rows), width), pad, np.int32)
@@ -167,22 +184,25 @@ def main(argv: list[str] | None = None) -> None:
   # lengths: one token (a ``choice_only`` decision: the menu letter) and ``--new-tokens``.
   key = jax.random.key(0)
   decisions = {}
+  # The system prompt is fixed for a whole round, so its cache can also be built once per round.
+  round_cache = sampling.prefill_prefix(graphdef, state, prefix_ids).broadcast(b)
   for m in sorted({1, args.new_tokens}):
     gen_kw = dict(max_new_tokens=m, eos_ids=eos, pad_id=pad)
-    recompute_s = _time(lambda: sampling.generate(graphdef, state, full_ids, full_mask, key, None,
-                                                  0.7, **gen_kw).tokens, args.repeats)
+
+    def recompute():
+      return sampling.generate(graphdef, state, full_ids, full_mask, key, None, 0.7,
+                               **gen_kw).tokens
 
     def cached():
       cache = sampling.prefill_prefix(graphdef, state, prefix_ids)  # once per batch
       return sampling.generate(graphdef, state, suf_ids, suf_mask, key, None, 0.7,
                                cache.broadcast(b), **gen_kw).tokens
 
-    cached_s = _time(cached, args.repeats)
-    # The system prompt is fixed for a whole round, so its cache can also be built once per round.
-    round_cache = sampling.prefill_prefix(graphdef, state, prefix_ids).broadcast(b)
-    reused_s = _time(lambda: sampling.generate(graphdef, state, suf_ids, suf_mask, key, None, 0.7,
-                                               round_cache, **gen_kw).tokens, args.repeats)
-    decisions[m] = (recompute_s, cached_s, reused_s)
+    def reused():
+      return sampling.generate(graphdef, state, suf_ids, suf_mask, key, None, 0.7, round_cache,
+                               **gen_kw).tokens
+
+    decisions[m] = tuple(_time_interleaved([recompute, cached, reused], args.repeats))
 
   # 5. Peak and report.
   if device.platform == "gpu":
