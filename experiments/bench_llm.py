@@ -82,13 +82,7 @@ def cpu_peak_flops() -> tuple[float, str]:
 
 def _time(fn, repeats: int) -> float:
   """Median wall seconds of ``fn()`` after one warm-up (compile) call; blocks on results."""
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+  return _time_interleaved([fn], repeats)[0]
 
 
 def _time_interleaved(fns, repeats: int) -> list[float]:

@@ -311,9 +311,10 @@ def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array,
   unchanged (a fully masked padding query, whose output is never read, averages fewer slots).
   With a cache, each block's keys are the S cached slots followed by its chunk keys, one GEMM pair
   and one softmax. (A flash-style combined softmax over the two key sets without concatenating
-  them was measured slower on XLA CPU: 18.5 against 9.4 ms per SmolLM2 layer at B=8, T=93, S=238;
-  0.69 against 0.84 ms for a decode step, T=1, S=339 -- ~4 ms per 30-layer step, not worth a
-  second path.)
+  them was measured on XLA CPU: slower for a suffix, 18.5 against 9.4 ms per SmolLM2 layer at B=8,
+  T=93, S=238; for a decode step, T=1, S=339, faster in isolation, 0.69 against 0.84 ms per layer,
+  but no faster over a whole 30-layer step, where the layer scan copies the cache slice either way.
+  So there is one path.)
   """
   t = q.shape[1]
   n = max(1, min(_CAUSAL_MAX_BLOCKS, round(t / block)))

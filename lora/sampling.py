@@ -169,7 +169,7 @@ def generate(graphdef, state, prompt_ids, prompt_mask, key, agent_ids=None, temp
   # The prompt attends to the prefix's own slots only; the returned cache has room for the rest.
   if max_new_tokens == 1:  # one token (a menu letter): nothing is decoded, so no cache is written
     h, cache = model.hidden(prompt_ids, attention_mask=prompt_mask, agent_ids=agent_ids,
-                            cache=prefix_cache)
+                            cache=prefix_cache)  # cache is None: no cache_size
     logits = model.logits(h[:, -1])
   else:
     size = (0 if prefix_cache is None else prefix_cache.size) + tp + max_new_tokens - 1
