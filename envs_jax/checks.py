@@ -7,8 +7,6 @@ under :mod:`jax.experimental.checkify` and raises on the host when any action li
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import checkify

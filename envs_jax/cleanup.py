@@ -37,7 +37,7 @@ from flax import struct
 from envs_jax.meltingpot import (
     BIT_APPLE, BIT_DIRT, BIT_GRASS, BIT_RIVER, BIT_WALL, CODE_APPLE, CODE_DIRT, CODE_FLOOR, CODE_GRASS,
     CODE_RIVER, CODE_WALL, FIRE_CLEAN, STREAM_GAME, MeltingPotEnv, MeltingPotState, agent_phase,
-    bounding_box, cell_codes, cells_of, clean_beams, cooldown_gate, eat_apples, hash_uniform,
+    bounding_box, cell_codes, cells_of, check_num_agents, clean_beams, cooldown_gate, eat_apples, hash_uniform,
     initial_agent_fields, parse_ascii_map, pick_distinct, respawn_phase, seed_from_key, unique_priority,
 )
 
@@ -181,10 +181,8 @@ class Cleanup(MeltingPotEnv):
                  ascii_map: str | None = None):
         chars = parse_ascii_map(ASCII_MAP if ascii_map is None else ascii_map)
         spawns = cells_of(chars, SPAWN_CHARS)
-        if isinstance(num_agents, bool) or not isinstance(num_agents, (int, np.integer)):
-            raise ValueError(f"num_agents must be an integer, got {num_agents!r}")
-        if ascii_map is None and num_agents != NUM_AGENTS:
-            raise ValueError(f"num_agents must be {NUM_AGENTS} for clean_up, got {num_agents}")
+        num_agents = check_num_agents(num_agents, default=NUM_AGENTS, substrate="clean_up",
+                                      custom_map=ascii_map is not None)
         if not 1 <= num_agents <= len(spawns):
             raise ValueError(f"num_agents={num_agents} needs 1..{len(spawns)} (the map's spawn points)")
         super().__init__(num_agents=int(num_agents), max_steps=max_steps)

@@ -36,9 +36,9 @@ from flax import struct
 
 from envs_jax.meltingpot import (
     BIT_APPLE, BIT_GRASS, BIT_WALL, CODE_APPLE, CODE_FLOOR, CODE_GRASS, CODE_WALL, STREAM_GAME,
-    MeltingPotEnv, MeltingPotState, agent_phase, bounding_box, cell_codes, cells_of, eat_apples,
-    hash_uniform, hash_uniform_box, initial_agent_fields, parse_ascii_map, pick_distinct, respawn_phase,
-    seed_from_key, unique_priority,
+    MeltingPotEnv, MeltingPotState, agent_phase, bounding_box, cell_codes, cells_of, check_num_agents,
+    eat_apples, hash_uniform, hash_uniform_box, initial_agent_fields, parse_ascii_map, pick_distinct,
+    respawn_phase, seed_from_key, unique_priority,
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -163,10 +163,8 @@ class CommonsHarvest(MeltingPotEnv):
         chars = parse_ascii_map(ASCII_MAP if ascii_map is None else ascii_map)
         spawns = cells_of(chars, SPAWN_CHARS)
         inside = cells_of(chars, INSIDE_SPAWN_CHARS)
-        if isinstance(num_agents, bool) or not isinstance(num_agents, (int, np.integer)):
-            raise ValueError(f"num_agents must be an integer, got {num_agents!r}")
-        if ascii_map is None and num_agents != NUM_AGENTS:
-            raise ValueError(f"num_agents must be {NUM_AGENTS} for commons_harvest__open, got {num_agents}")
+        num_agents = check_num_agents(num_agents, default=NUM_AGENTS, substrate="commons_harvest__open",
+                                      custom_map=ascii_map is not None)
         n_inside = min(int(num_agents), len(inside))
         if num_agents < 1 or num_agents - n_inside > len(spawns) or len(spawns) == 0:
             raise ValueError(f"num_agents={num_agents} does not fit the map's {len(inside)} Q and "

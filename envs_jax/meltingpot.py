@@ -743,6 +743,25 @@ def respawn_phase(
     return out
 
 
+def check_num_agents(num_agents, *, default: int, substrate: str, custom_map: bool) -> int:
+    """``num_agents`` as an int, checked against the substrate's player count.
+
+    Args:
+        num_agents: the requested number of players.
+        default: the substrate's number of players (Melting Pot's substrate config, e.g. 7).
+        substrate: Melting Pot's substrate name, for the message.
+        custom_map: a test map is used (then any count is allowed here; the map's spawn points decide).
+
+    Raises:
+        ValueError: ``num_agents`` is not an integer, or differs from ``default`` on the real map.
+    """
+    if isinstance(num_agents, bool) or not isinstance(num_agents, (int, np.integer)):
+        raise ValueError(f"num_agents must be an integer, got {num_agents!r}")
+    if not custom_map and num_agents != default:
+        raise ValueError(f"num_agents must be {default} for {substrate}, got {num_agents}")
+    return int(num_agents)
+
+
 class MeltingPotEnv(MultiAgentEnv):
     """JaxMARL shell shared by :class:`envs_jax.cleanup.Cleanup` and :class:`envs_jax.harvest.CommonsHarvest`.
 

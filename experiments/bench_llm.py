@@ -8,7 +8,9 @@ Measures, for SmolLM2-135M-Instruct (or ``--model``) on this machine, in one run
 * the same batch through :func:`lora.reference.reference_logits` (plain jnp, no cache, all logits);
 * decisions/s = prompt scoring plus a sampled response per row (one token, as a ``choice_only``
   decision, and ``--new-tokens``), once recomputing the shared system prompt for every row and once
-  computing it once (batch-1 KV cache broadcast) or once for the round.
+  computing it once (batch-1 KV cache broadcast) or once for the round;
+* the cost of one decode step in each path (from the two response lengths), which both paths pay
+  equally and which therefore bounds the speed-up of prefix caching for multi-token responses.
 
 Usage: ``python -m experiments.bench_llm [--batch 8] [--repeats 3] [--out bench.json]``.
 """
@@ -223,6 +225,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'prefix KV cache reused across batches':48s} {reuse_dps:11.2f} {reused_s:8.3f}")
     print(f"prefix caching speed-up: {cache_dps / rec_dps:.2f}x per batch, "
           f"{reuse_dps / rec_dps:.2f}x reused")
+  decode = _decode_steps(decisions, args.new_tokens)
+  if decode:
+    step_s, ceiling = decode
+    print(f"\ndecode step ({b} rows, from the 1- and {args.new_tokens}-token times): "
+          + ", ".join(f"{name} {1e3 * s:.1f} ms" for name, s in zip(_PATHS, step_s)))
+    print(f"both paths decode {args.new_tokens - 1} steps, so even a free per-row suffix would give "
+          f"at most {ceiling:.2f}x at {args.new_tokens} tokens")
 
   result = {
       "model": args.model or "SmolLM2-135M-Instruct.Q4_1.gguf", "dtype": args.dtype,
@@ -244,11 +253,32 @@ def main(argv: list[str] | None = None) -> None:
         f"perf/decisions_per_s_prefix_reused{tag}": b / reused_s,
         f"perf/prefix_reused_speedup{tag}": recompute_s / reused_s,
     })
+  if decode:
+    result.update({f"perf/decode_step_s_{name}": s for name, s in zip(_PATHS, decode[0])})
+    result["perf/prefix_reused_speedup_ceiling"] = decode[1]
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
       json.dump(result, f, indent=2)
     print(f"wrote {args.out}")
+
+
+_PATHS = ("recompute", "prefix_cache", "prefix_reused")
+
+
+def _decode_steps(decisions: dict, new_tokens: int) -> tuple[list[float], float] | None:
+  """Seconds per decode step of each path, and the M-token speed-up if the suffix cost nothing.
+
+  A ``new_tokens``-token decision is the 1-token decision (prompt pass + one sampled token) plus
+  ``new_tokens - 1`` decode steps, so a step costs ``(t_M - t_1) / (M - 1)``. Both paths decode the
+  same number of steps over caches of the same size, so the reused-prefix path takes at least
+  ``(M - 1)`` steps per batch: ``t_M(recompute) / ((M - 1) x step)`` bounds its speed-up. Returns
+  None when only one length was timed.
+  """
+  if new_tokens <= 1 or 1 not in decisions or new_tokens not in decisions:
+    return None
+  steps = [(t_m - t_1) / (new_tokens - 1) for t_m, t_1 in zip(decisions[new_tokens], decisions[1])]
+  return steps, decisions[new_tokens][0] / ((new_tokens - 1) * steps[2])
 
 
 def _commit() -> str | None:
