@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
 
     t = time.perf_counter()
     batch = ts.prepare(base, adapters, batch)
-    jax.block_until_ready(batch.logp_old)
+    jax.block_until_ready(batch.logp_ref)  # one minibatch: prepare scores the reference only
     first_prepare_s = time.perf_counter() - t
     ids = jnp.asarray(ts.adapter_ids(np.arange(d) % a.agents))
     _, fwd_s = timed(ts.score, base, adapters, batch, ids)

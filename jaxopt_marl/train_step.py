@@ -16,13 +16,16 @@ Design choices:
   since Adam momentum or weight decay would otherwise still move it). Adam's step counter is shared.
 - *Shared adapter* (Ablation B): ``MAGRPOConfig.shared_adapter`` with a one-adapter model; every
   decision is routed to adapter 0 and the loss is the mean over all agents' decisions.
-- *Exact ratio at the first step.* ``logp_old`` and ``logp_ref`` come from one jitted scoring program
-  (:attr:`TrainStep.score`; the reference is the same program with adapter id -1, i.e. adapters off).
-  At the first optimizer step of a round the parameters *are* theta_old, so the live log-probs equal
-  ``logp_old`` up to rounding between two XLA programs; the step uses the value of ``logp_old`` and the
-  gradient of the live pass (``logp_old + live - stop_gradient(live)``). Hence rho = 1 exactly on the
-  first step (the whole first epoch when ``num_minibatches = 1``), and with fresh adapters (B = 0) the
-  KL term is exactly 0.
+- *theta_old from the first step.* At the first optimizer step of a round the parameters *are*
+  theta_old. With one minibatch (the paper's setting) that step's forward covers every decision, so its
+  own log-probs, stop-gradient, are ``logp_old`` for every epoch: rho = 1 exactly on the first epoch,
+  and no separate theta_old scoring pass is run (:attr:`TrainStep.prepare` scores only the reference,
+  adapters off). This is exact, not an approximation, because the update applies no dropout; it saves
+  one forward pass over the round's decisions (1 of 5 pass-equivalents with one epoch, 1 of 8 with two).
+  With several minibatches, later minibatches of the first epoch are seen after the adapters moved, so
+  ``prepare`` also scores ``logp_old`` (:attr:`TrainStep.score`, the same program as the reference with
+  adapter ids instead of -1), and the first step uses its value with the live pass's gradient
+  (``logp_old + live - stop_gradient(live)``): rho = 1 exactly there too.
 - *Sharding.* A :class:`jax.sharding.Mesh` with one axis ``"data"`` over decisions: the batch is split
   along D, adapters / base / optimizer state are replicated, and XLA all-reduces the loss sums. The same
   function runs on one CPU device and on many; D must be a multiple of the device count times the
@@ -70,7 +73,8 @@ class DecisionBatch:
         agent_ids: int32[D] acting agent of each decision.
         advantages: float32[D] group-relative advantage of the decision's rollout.
         logp_old: float32[D] summed response log-prob under the rollout parameters (from
-            :attr:`TrainStep.score`).
+            :attr:`TrainStep.score`; filled by :attr:`TrainStep.prepare` only with several
+            minibatches -- with one, the update takes it from its first step).
         logp_ref: float32[D] the same under the reference policy (adapters off).
         valid: bool[D] real decisions (False = padding).
         choice_ids: optional int32[D, C] candidate tokens of a restricted choice (``choice_only``
@@ -364,8 +368,10 @@ class TrainStep(NamedTuple):
         optimizer: the optax transformation (its ``init(adapters)`` gives the optimizer state).
         score: ``(base, adapters, batch, adapter_ids int32[D]) -> float32[D]`` summed response
             log-probs; adapter id -1 = reference policy.
-        prepare: ``(base, adapters, batch) -> batch`` with ``logp_old`` and ``logp_ref`` filled by
-            ``score`` (call once per round, before ``update``).
+        prepare: ``(base, adapters, batch) -> batch`` with ``logp_ref`` filled by ``score`` with
+            adapters off, and ``logp_old`` with the adapters when ``num_minibatches > 1`` (with one
+            minibatch the update takes theta_old's log-probs from its first step's forward, and
+            ``batch.logp_old`` is not read). Call once per round, before ``update``.
         update: ``(base, adapters, opt_state, batch, key) -> (adapters, opt_state, metrics)``: the
             round's E x minibatch steps; metrics are float32[S, N] per step and adapter (``loss``,
             ``pg_loss``, ``kl``, ``clip_frac``, ``ratio_mean``, ``ratio_min``, ``ratio_max``,
@@ -456,9 +462,16 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
 
     score_jit = jax.jit(score, in_shardings=(repl, repl, data, data), out_shardings=data)
 
+    # With one minibatch the first optimizer step sees every decision at theta_old, so its forward
+    # gives logp_old (see the module docstring) and only the reference is scored here.
+    old_from_first_step = m == 1
+
     def prepare_fn(base, adapters, batch, groups):
         model = nnx.merge(graphdef, adapters, base)
-        old, ref = score_chunks(model, batch, [groups, jnp.full_like(groups, -1)])
+        ref_ids = jnp.full_like(groups, -1)
+        if old_from_first_step:
+            return batch.replace(logp_ref=score_chunks(model, batch, [ref_ids])[0])
+        old, ref = score_chunks(model, batch, [groups, ref_ids])
         return batch.replace(logp_old=old, logp_ref=ref)
 
     prepare_jit = jax.jit(prepare_fn, in_shardings=(repl, repl, data, data), out_shardings=data)
@@ -479,16 +492,21 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
             model = nnx.merge(graphdef, adapters, base)
             live = sequence_logprobs(model, mb, groups, temperature=config.temperature,
                                      prefix_kv=kv, prefix_rows=groups if kv is not None else None)
-            # First step of the round: theta == theta_old, take logp_old's value, the live gradient.
-            lp = jnp.where(first, mb.logp_old + (live - jax.lax.stop_gradient(live)), live)
-            return magrpo.magrpo_loss(
-                lp, mb.logp_old, mb.logp_ref, mb.advantages, mb.valid, groups, n,
+            # First step of the round: theta == theta_old.
+            if old_from_first_step:  # this forward is theta_old's: rho = exp(live - sg(live)) = 1
+                old, lp = jnp.where(first, jax.lax.stop_gradient(live), mb.logp_old), live
+            else:  # logp_old's value (scored by prepare), the live gradient
+                old = mb.logp_old
+                lp = jnp.where(first, mb.logp_old + (live - jax.lax.stop_gradient(live)), live)
+            loss, metrics = magrpo.magrpo_loss(
+                lp, old, mb.logp_ref, mb.advantages, mb.valid, groups, n,
                 clip_eps=config.clip_eps, kl_beta=config.kl_beta,
                 policy_loss=config.policy_loss, kl_estimator=config.kl_estimator, counts=counts)
+            return loss, (metrics, jax.lax.stop_gradient(live))
 
-        (_, metrics), (grads, kv_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-            adapters, kv)
-        return grads, kv_grads, metrics
+        (_, (metrics, live)), (grads, kv_grads) = jax.value_and_grad(
+            loss_fn, argnums=(0, 1), has_aux=True)(adapters, kv)
+        return grads, kv_grads, metrics, live
 
     def step(base, adapters, opt_state, mb, first):
         counts = magrpo.group_counts(groups_of(mb.agent_ids), mb.valid, n)
@@ -501,13 +519,13 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
 
         def acc(carry, chunk):
             g_sum, kv_sum, m_acc = carry
-            g, g_kv, m = grads_and_metrics(base, adapters, kv, chunk, first, counts)
+            g, g_kv, m, live = grads_and_metrics(base, adapters, kv, chunk, first, counts)
             g_sum = jax.tree.map(jnp.add, g_sum, g)
             kv_sum = jax.tree.map(jnp.add, kv_sum, g_kv)
             m_acc = {k: (jnp.minimum if k == "ratio_min" else
                          jnp.maximum if k == "ratio_max" else jnp.add)(m_acc[k], v)
                      for k, v in m.items()}
-            return (g_sum, kv_sum, m_acc), None
+            return (g_sum, kv_sum, m_acc), live
 
         big = jnp.finfo(jnp.float32).max
         m0 = {k: jnp.zeros((n,), jnp.float32) for k in
@@ -515,7 +533,7 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
         m0["ratio_min"] = jnp.full((n,), big)
         m0["ratio_max"] = jnp.full((n,), -big)
         zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-        (grads, kv_grads, metrics), _ = jax.lax.scan(
+        (grads, kv_grads, metrics), live = jax.lax.scan(
             acc, (zeros(adapters), zeros(kv), m0), chunked(mb, micro))
         if prefix_vjp is not None:
             grads = jax.tree.map(jnp.add, grads, prefix_vjp(kv_grads)[0])
@@ -527,7 +545,7 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
         new_adapters = _select_agents(has_data, new_adapters, adapters, shapes)
         new_opt = _select_agents(has_data, new_opt, opt_state, shapes)
         metrics["updated"] = has_data.astype(jnp.float32)
-        return new_adapters, new_opt, metrics
+        return new_adapters, new_opt, metrics, live.reshape(-1)
 
     # 3. The round: E epochs x m minibatches, scanned so it compiles once.
     def update(base, adapters, opt_state, batch, key):
@@ -543,18 +561,20 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
             order = jnp.zeros((steps, 0), jnp.int32)  # unused: every step sees the whole batch
 
         def body(carry, xs):
-            adapters, opt_state = carry
+            adapters, opt_state, logp_old = carry
             i, idx = xs
             if m > 1:
                 mb = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch)
                 mb = jax.lax.with_sharding_constraint(mb, data)
-            else:
-                mb = batch
-            adapters, opt_state, metrics = step(base, adapters, opt_state, mb, i == 0)
-            return (adapters, opt_state), metrics
+            else:  # every step sees the whole batch; logp_old comes from the first step
+                mb = batch.replace(logp_old=logp_old)
+            adapters, opt_state, metrics, live = step(base, adapters, opt_state, mb, i == 0)
+            if old_from_first_step:
+                logp_old = jnp.where(i == 0, live, logp_old)
+            return (adapters, opt_state, logp_old), metrics
 
-        (adapters, opt_state), metrics = jax.lax.scan(
-            body, (adapters, opt_state), (jnp.arange(steps), order))
+        (adapters, opt_state, _), metrics = jax.lax.scan(
+            body, (adapters, opt_state, batch.logp_old), (jnp.arange(steps), order))
         return adapters, opt_state, metrics
 
     update_jit = jax.jit(update, in_shardings=(repl, repl, repl, data, repl),

@@ -7,8 +7,9 @@ One round ``r``:
 2. team return R_k per rollout (apples eaten / soups delivered, unshaped) and the group-relative advantage
    (R_k - mean) / std, shared by every decision of rollout k (:mod:`jaxopt_marl.magrpo`);
 3. every decision becomes one token row (prompt + sampled response, :func:`jaxopt_marl.train_step.pack_decisions`);
-   theta_old and reference log-probs are scored by the update's own program (``TrainStep.prepare``), then E
+   the reference log-probs (adapters off) are scored by the update's own program (``TrainStep.prepare``), then E
    epochs of per-agent PPO-clip + KL (``TrainStep.update``) change each agent's adapter on its own decisions;
+   theta_old's log-probs are the first step's own forward (one minibatch), or scored by ``prepare`` too (several);
 4. adapters, optimizer state and the round number are checkpointed atomically (:mod:`lora.checkpoint`), the
    decisions go to ``decisions/round_XXXX.jsonl`` and one line with namespaced keys to ``metrics.jsonl``.
 

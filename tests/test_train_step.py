@@ -53,6 +53,12 @@ def _randomise_b(adapters, seed=3):
     return jax.tree.unflatten(treedef, out)
 
 
+def _theta_old(step, base, adapters, batch):
+    """theta_old's log-probs float32[D] through the scoring program (what ``prepare`` fills with several
+    minibatches; with one, the update takes them from its first step)."""
+    return step.score(base, adapters, batch, jnp.asarray(step.adapter_ids(batch.agent_ids)))
+
+
 @pytest.fixture(scope="module")
 def three_agents():
     """A 3-adapter model and its AdamW train step on one CPU device."""
@@ -88,18 +94,20 @@ def test_score_matches_eager_continuation_logprobs(three_agents):
     np.testing.assert_allclose(got, ref, atol=1e-5)
 
 
-def test_ratio_exactly_one_and_kl_exactly_zero_at_init(three_agents):
+def test_ratio_exactly_one_and_kl_zero_at_init(three_agents):
     step, graphdef, adapters, base = three_agents
     batch = _random_batch([0, 1, 2, 0, 1, 2, 0], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, 1.0])
     batch = step.prepare(base, adapters, batch)
     # Fresh adapters (B = 0) are the reference policy bit for bit, through the real scoring path.
-    np.testing.assert_array_equal(batch.logp_old, batch.logp_ref)
+    np.testing.assert_array_equal(_theta_old(step, base, adapters, batch), batch.logp_ref)
     opt = ts.init_opt_state(step, adapters)
     new, _, m = step.update(base, adapters, opt, batch, jax.random.key(0))
-    # Step 0 (= the whole first epoch with one minibatch): rho == 1 and KL == 0 exactly.
+    # Step 0 (= the whole first epoch with one minibatch): rho == 1 exactly (theta_old's log-probs are
+    # that step's own forward) and KL == 0 up to float32 rounding between the update's forward and the
+    # reference scoring program (k3 ~ delta^2 / 2 with |delta| ~ 1e-6: below 1e-10).
     np.testing.assert_array_equal(m["ratio_min"][0], [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(m["ratio_max"][0], [1.0, 1.0, 1.0])
-    np.testing.assert_array_equal(m["kl"][0], [0.0, 0.0, 0.0])
+    np.testing.assert_array_less(m["kl"][0], 1e-10)
     np.testing.assert_array_equal(m["clip_frac"][0], [0.0, 0.0, 0.0])
     # The second epoch is off-policy: ratios move and the KL is positive.
     assert np.all(np.asarray(m["ratio_max"][1]) - np.asarray(m["ratio_min"][1]) > 0)
@@ -110,6 +118,38 @@ def test_ratio_exactly_one_and_kl_exactly_zero_at_init(three_agents):
     np.testing.assert_array_equal(m2["ratio_min"][0], [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(m2["ratio_max"][0], [1.0, 1.0, 1.0])
     assert np.all(np.asarray(m2["kl"][0]) > 0)
+
+
+def test_one_minibatch_takes_theta_old_from_its_first_step(three_agents):
+    """With one minibatch, prepare scores only the reference and the update's first forward is theta_old."""
+    step, graphdef, adapters, base = three_agents  # 2 epochs, one minibatch
+    adapters = _randomise_b(adapters)
+    host = _random_batch([0, 1, 2, 0, 1, 2, 0], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, 1.0], seed=7)
+    batch = step.prepare(base, adapters, host)
+    np.testing.assert_array_equal(batch.logp_old, np.zeros(8, np.float32))  # not scored
+    np.testing.assert_array_equal(batch.logp_ref, step.score(base, adapters, batch, jnp.full((8,), -1)))
+    opt, key = ts.init_opt_state(step, adapters), jax.random.key(0)
+    new, _, m = step.update(base, adapters, opt, batch, key)
+    # batch.logp_old is not read: any value there gives the same update, bit for bit.
+    new2, _, m2 = step.update(base, adapters, opt, batch.replace(logp_old=batch.logp_old + 123.0), key)
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(new2)):
+        np.testing.assert_array_equal(a, b)
+    for k in m:
+        np.testing.assert_array_equal(m[k], m2[k], err_msg=k)
+    # The second epoch's ratios are exp(logp under theta_1 - logp under theta_0), per decision, with
+    # both scored independently here (theta_1: the adapters after a one-epoch update).
+    one = ts.make_train_step(graphdef, magrpo.MAGRPOConfig.smoke(kl_beta=0.1, epochs=1),
+                             ts.make_mesh(1), num_adapters=3)
+    theta1, _, _ = one.update(base, adapters, opt, batch, key)
+    ratio = np.exp(np.asarray(_theta_old(step, base, theta1, batch))
+                   - np.asarray(_theta_old(step, base, adapters, batch)))
+    agents, valid = np.asarray(batch.agent_ids), np.asarray(batch.valid)
+    for i in range(3):
+        rows = valid & (agents == i)
+        np.testing.assert_allclose(m["ratio_min"][1][i], ratio[rows].min(), rtol=1e-5)
+        np.testing.assert_allclose(m["ratio_max"][1][i], ratio[rows].max(), rtol=1e-5)
+        np.testing.assert_allclose(m["ratio_mean"][1][i], ratio[rows].mean(), rtol=1e-5)
+    assert np.all(np.abs(ratio[valid] - 1.0) > 1e-4)  # the adapters moved: a real check
 
 
 def test_update_on_one_agent_leaves_other_adapters_bit_identical(three_agents):
@@ -184,7 +224,7 @@ def test_micro_batch_accumulation_matches_one_pass():
     for k in m0:
         np.testing.assert_allclose(m0[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
     np.testing.assert_array_equal(m1["ratio_min"][0], [1.0, 1.0, 1.0])
-    np.testing.assert_array_equal(m1["kl"][0], [0.0, 0.0, 0.0])
+    np.testing.assert_array_less(m1["kl"][0], 1e-10)  # 0 up to rounding (see above)
 
 
 def test_shared_adapter_mode():
@@ -195,7 +235,7 @@ def test_shared_adapter_mode():
     step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=1)
     np.testing.assert_array_equal(step.adapter_ids(np.array([0, 2, 1])), [0, 0, 0])
     batch = step.prepare(base, adapters, _random_batch([0, 1, 2, 0, 1, 2], [1, -1, 1, -1, 0.5, 0]))
-    np.testing.assert_array_equal(batch.logp_old, batch.logp_ref)
+    np.testing.assert_array_equal(_theta_old(step, base, adapters, batch), batch.logp_ref)
     new, _, m = step.update(base, adapters, step.optimizer.init(adapters), batch,
                             jax.random.key(0))
     assert m["loss"].shape == (2, 1)
@@ -205,7 +245,7 @@ def test_shared_adapter_mode():
 
 
 _MESH_SCRIPT = textwrap.dedent("""
-    import json, jax, jax.numpy as jnp, numpy as np
+    import json, os, jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from jaxopt_marl import magrpo, train_step as ts
     from lora import Decoder, LoRAConfig, ModelConfig, split_model
@@ -221,8 +261,10 @@ _MESH_SCRIPT = textwrap.dedent("""
                                      jnp.asarray(rng.randint(0, 4, d)))
     host = ts.pack_decisions(prompts, responses, rng.randint(0, 2, d), np.asarray(adv),
                              prompt_len=6, response_len=3, pad_to_multiple=32)
-    # 2 minibatches of 16, each accumulated over 2 micro-batches of 8 (one decision per device).
-    cfg = magrpo.MAGRPOConfig.smoke(num_minibatches=2, micro_batch=8, kl_beta=0.1)
+    # MINIBATCHES = 2: minibatches of 16, each accumulated over 2 micro-batches of 8 (one decision per
+    # device); 1: one of 32 (theta_old's log-probs then come from the update's first step).
+    minibatches = int(os.environ["MINIBATCHES"])
+    cfg = magrpo.MAGRPOConfig.smoke(num_minibatches=minibatches, micro_batch=8, kl_beta=0.1)
     out = {}
     for n in (1, 8):
         mesh = ts.make_mesh(n)
@@ -235,13 +277,15 @@ _MESH_SCRIPT = textwrap.dedent("""
             batch = step.prepare(base, adapters, batch)
         out[n] = dict(devices=len(batch.tokens.sharding.device_set),
                       adapters=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(adapters)],
-                      loss=np.asarray(m["loss"]).tolist(), logp=np.asarray(batch.logp_old).tolist())
+                      loss=np.asarray(m["loss"]).tolist(), logp=np.asarray(batch.logp_ref).tolist(),
+                      old=np.asarray(step.score(base, adapters, batch, batch.agent_ids)).tolist())
     print("RESULT" + json.dumps(out))
 """)
 
 
-def test_eight_device_mesh_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+@pytest.mark.parametrize("minibatches", [2, 1])
+def test_eight_device_mesh_matches_one_device(minibatches):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", MINIBATCHES=str(minibatches),
                JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=600, cwd=ROOT)
@@ -256,6 +300,7 @@ def test_eight_device_mesh_matches_one_device():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(one["loss"], eight["loss"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(one["logp"], eight["logp"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(one["old"], eight["old"], rtol=1e-5, atol=1e-5)
     # The update did something (otherwise parity would be trivial).
     graphdef, adapters0, _ = split_model(_model(2))
     assert not np.allclose(np.concatenate(one["adapters"]),
@@ -369,7 +414,8 @@ def test_prefix_update_equals_whole_row_update():
         out.append((batch, step.update(base, adapters, step.optimizer.init(adapters), batch,
                                        jax.random.key(0))))
     (bw, (aw, _, mw)), (bc, (ac, _, mc)) = out
-    np.testing.assert_allclose(bc.logp_old, bw.logp_old, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_theta_old(step, base, adapters, bc), _theta_old(step, base, adapters, bw),
+                               rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(bc.logp_ref, bw.logp_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(mc["grad_norm"], mw["grad_norm"], rtol=1e-4)
     # Adam divides each component by its own running RMS, so a float32 rounding difference in a
@@ -385,11 +431,11 @@ def test_prefix_fresh_adapters_ratio_one_kl_zero(three_agents):
     step, graphdef, adapters, base = three_agents
     _, cut = _prefixed_pair([0, 1, 2, 0, 1, 2, 0], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, 1.0], seed=4)
     batch = step.prepare(base, adapters, cut)
-    np.testing.assert_array_equal(batch.logp_old, batch.logp_ref)
+    np.testing.assert_array_equal(_theta_old(step, base, adapters, batch), batch.logp_ref)
     _, _, m = step.update(base, adapters, ts.init_opt_state(step, adapters), batch,
                           jax.random.key(0))
     np.testing.assert_array_equal(m["ratio_min"][0], [1.0, 1.0, 1.0])
-    np.testing.assert_array_equal(m["kl"][0], [0.0, 0.0, 0.0])
+    np.testing.assert_array_less(m["kl"][0], 1e-10)  # 0 up to rounding (see above)
 
 
 def test_restricted_choice_logprob_is_softmax_over_candidates(three_agents):
