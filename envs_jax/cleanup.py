@@ -185,7 +185,7 @@ class Cleanup(MeltingPotEnv):
                                       custom_map=ascii_map is not None)
         if not 1 <= num_agents <= len(spawns):
             raise ValueError(f"num_agents={num_agents} needs 1..{len(spawns)} (the map's spawn points)")
-        super().__init__(num_agents=int(num_agents), max_steps=max_steps)
+        super().__init__(num_agents=num_agents, max_steps=max_steps)
         self.ascii_map = chars
         self.height, self.width = chars.shape
         self.wall = np.isin(chars, list(WALL_CHARS))

@@ -165,11 +165,11 @@ class CommonsHarvest(MeltingPotEnv):
         inside = cells_of(chars, INSIDE_SPAWN_CHARS)
         num_agents = check_num_agents(num_agents, default=NUM_AGENTS, substrate="commons_harvest__open",
                                       custom_map=ascii_map is not None)
-        n_inside = min(int(num_agents), len(inside))
+        n_inside = min(num_agents, len(inside))
         if num_agents < 1 or num_agents - n_inside > len(spawns) or len(spawns) == 0:
             raise ValueError(f"num_agents={num_agents} does not fit the map's {len(inside)} Q and "
                              f"{len(spawns)} P spawn cells")
-        super().__init__(num_agents=int(num_agents), max_steps=max_steps)
+        super().__init__(num_agents=num_agents, max_steps=max_steps)
         self.ascii_map = chars
         self.height, self.width = chars.shape
         self.wall = np.isin(chars, list(WALL_CHARS))

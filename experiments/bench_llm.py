@@ -272,13 +272,16 @@ def _decode_steps(decisions: dict, new_tokens: int) -> tuple[list[float], float]
   A ``new_tokens``-token decision is the 1-token decision (prompt pass + one sampled token) plus
   ``new_tokens - 1`` decode steps, so a step costs ``(t_M - t_1) / (M - 1)``. Both paths decode the
   same number of steps over caches of the same size, so the reused-prefix path takes at least
-  ``(M - 1)`` steps per batch: ``t_M(recompute) / ((M - 1) x step)`` bounds its speed-up. Returns
-  None when only one length was timed.
+  ``(M - 1)`` steps per batch: ``t_M(recompute) / ((M - 1) x step)`` bounds its speed-up (inf when
+  timing noise makes the reused path's step non-positive). Returns None when only one length was
+  timed.
   """
   if new_tokens <= 1 or 1 not in decisions or new_tokens not in decisions:
     return None
   steps = [(t_m - t_1) / (new_tokens - 1) for t_m, t_1 in zip(decisions[new_tokens], decisions[1])]
-  return steps, decisions[new_tokens][0] / ((new_tokens - 1) * steps[2])
+  reused = steps[_PATHS.index("prefix_reused")]
+  ceiling = decisions[new_tokens][0] / ((new_tokens - 1) * reused) if reused > 0 else float("inf")
+  return steps, ceiling
 
 
 def _commit() -> str | None:

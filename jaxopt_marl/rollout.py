@@ -114,10 +114,8 @@ def _rows_bucket(n: int) -> int:
 def _letter_logprobs(graphdef, state, ids, mask, agent_ids, cache, letter_ids):
     """Next-token log-probs of the candidate letter tokens after each left-padded row: float32[B, L]."""
     model = nnx.merge(graphdef, state)
-    if cache is None:
-        h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids)
-    else:  # attends to the prefix slots; the cache the chunk would extend is not needed
-        h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache)
+    # With a prefix cache the rows attend to its slots; no cache_size, so no extended cache is built.
+    h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache)
     logp = jax.nn.log_softmax(model.logits(h[:, -1]), axis=-1)
     return logp[:, letter_ids]
 
