@@ -182,7 +182,7 @@ def begin(lib: OptionLibrary, ms: MacroState, choice: jax.Array, inst: Instances
     return ms, rec
 
 
-def advance(lib: OptionLibrary, env, ms: MacroState, key: jax.Array) -> tuple[MacroState, Rec]:
+def advance(lib: OptionLibrary, env, ms: MacroState, key: jax.Array, return_action: bool = False):
     """One env step: executors emit actions, the env steps, terminated options are judged by their effect.
 
     Args:
@@ -190,9 +190,12 @@ def advance(lib: OptionLibrary, env, ms: MacroState, key: jax.Array) -> tuple[Ma
         env: the environment (``step_env`` is used: no auto-reset; callers stop at the episode's end).
         ms: the macro state.
         key: step key.
+        return_action: also return the primitive actions taken (``int32[A]``; replaying them with the same
+            step keys reproduces the episode, e.g. to render it).
 
     Returns:
-        ``(ms, rec)`` with ``rec.valid`` marking options that terminated in this step.
+        ``(ms, rec)`` with ``rec.valid`` marking options that terminated in this step; ``(ms, rec, action)``
+        with ``return_action``.
     """
     state = ms.env
     agents = _agents(lib)
@@ -207,7 +210,8 @@ def advance(lib: OptionLibrary, env, ms: MacroState, key: jax.Array) -> tuple[Ma
     outcome = jnp.where(ok, OUTCOME_SUCCESS, OUTCOME_EFFECT_FAIL).astype(jnp.int32)
     rec = Rec(valid=term, step=ms.t0, opt=slots.opt, target=slots.target, feats=ms.feats, outcome=outcome)
     slots = slots._replace(active=slots.active & ~term)
-    return ms.replace(env=new_state, slots=slots), rec
+    ms = ms.replace(env=new_state, slots=slots)
+    return (ms, rec, action) if return_action else (ms, rec)
 
 
 def merge(a: Rec, b: Rec) -> Rec:

@@ -89,7 +89,7 @@ class Decision:
     prompt_ids: list
     response_ids: list
     text: str
-    # Trace only: choice_only, log-prob among the menu letters at the temperature; sample, the untempered sum.
+    # Trace only: the response's log-prob at the sampling temperature (choice_only: among the menu letters).
     logp: float
     # choice_only: the menu's letter tokens the response was sampled among (None: whole vocabulary).
     choices: list | None = None
@@ -192,7 +192,7 @@ class LLMPolicy:
     # -- the batched call ---------------------------------------------------------------------------------
 
     def decide(self, users: list[str], labels: list[str], aids: np.ndarray, n_letters: list[int],
-               key: jax.Array, reference: bool = False) -> list[Decision]:
+               keys: jax.Array, reference: bool = False) -> list[Decision]:
         """One batched LLM call for every row (one row = one agent's decision).
 
         Args:
@@ -200,7 +200,7 @@ class LLMPolicy:
             labels: state labels (the ``choice_only`` response prefix).
             aids: int[R] acting agent of each row.
             n_letters: menu size of each row (``choice_only`` restricts sampling to these letters).
-            key: sampling key.
+            keys: [R] sampling keys, one per row (:func:`decision_sample_key`).
             reference: adapters off (the frozen base policy).
 
         Returns:
@@ -226,30 +226,27 @@ class LLMPolicy:
             rows[r:] = -1
         cache = self._prefix_cache(rows, tp) if use_prefix else None
         agent_ids = jnp.asarray(rows)
+        # One key per row (padding rows reuse row 0's key; their output is dropped).
+        keys = jnp.asarray(keys)
+        keys = keys[jnp.asarray(np.minimum(np.arange(b), r - 1))]
         out = []
         if self.cfg.mode == "choice_only":
-            lp = np.asarray(_letter_logprobs(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask),
-                                             agent_ids, cache, jnp.asarray(self.letter_ids)))
-            u = np.asarray(jax.random.uniform(key, (b,)))
+            lp = _letter_logprobs(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask), agent_ids, cache,
+                                  jnp.asarray(self.letter_ids))
+            n_let = np.zeros((b,), np.int32)
+            n_let[:r] = n_letters
+            letters, logps = (np.asarray(x) for x in _choose_letters_jit(lp, jnp.asarray(n_let), keys,
+                                                                         jnp.float32(self.cfg.temperature)))
             for i in range(r):
-                n = max(1, int(n_letters[i]))
-                logits = lp[i, :n] / max(self.cfg.temperature, 1e-6)
-                if self.cfg.temperature <= 0:
-                    j = int(np.argmax(logits))
-                else:
-                    q = np.exp(logits - logits.max())
-                    q /= q.sum()
-                    j = int(min(np.searchsorted(np.cumsum(q), u[i] * q.sum()), n - 1))
-                letter = menus.LETTERS[j]
-                logp = float(logits[j] - logits.max() - np.log(np.exp(logits - logits.max()).sum()))
+                j, n = int(letters[i]), max(1, int(n_letters[i]))
                 out.append(Decision(prompt_ids=prompt_ids[i], response_ids=[int(self.letter_ids[j])],
-                                    text=f"{fulls[i][1]} {letter}", logp=logp,
+                                    text=f"{fulls[i][1]} {menus.LETTERS[j]}", logp=float(logps[i]),
                                     choices=[int(x) for x in self.letter_ids[:n]]))
             return out
-        gen = sampling.generate(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask), key, agent_ids,
-                                jnp.float32(self.cfg.temperature), cache,
-                                max_new_tokens=self.cfg.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id)
-        toks, lps, live = (np.asarray(x) for x in (gen.tokens, gen.logprobs, gen.mask))
+        gen = sampling.generate_rows(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask), keys, agent_ids,
+                                     jnp.float32(self.cfg.temperature), cache, max_new_tokens=self.cfg.max_new_tokens,
+                                     eos_ids=self.eos_ids, pad_id=self.pad_id)
+        toks, lps, live = (np.asarray(x) for x in (gen.tokens, gen.logprobs_t, gen.mask))
         for i in range(r):
             resp = [int(t) for t in toks[i][live[i]]] or [int(toks[i, 0])]
             text = self.tok.decode([t for t in resp if t not in self.eos_ids], skip_special_tokens=True)
@@ -297,20 +294,65 @@ class Traj:
     rewards: Any  # float32[B, T, N]
     alive: Any  # bool[B, T, N]
     options: Any  # int32[B, T, N] running option id (-1 idle)
+    actions: Any  # int32[B, T, N] primitive action taken (replayable with the episode's env key)
 
 
-def make_advance(lib, env, game: str, steps: int, frames: bool = False):
-    """Jitted ``fn(ms [B], traj, key, force bool[B]) -> (ms, traj, need bool[B, A], rec Rec[B, A])``.
+def episode_keys(key: jax.Array, seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-episode keys ``(env_keys, llm_keys)``, each ``[K]``: ``fold_in(fold_in(key, seed), 0 / 1)``.
+
+    Every random draw of an episode comes from its own keys: env step t uses ``fold_in(env_key, t)``, decision
+    d of agent a samples with ``decision_sample_key(llm_key, a, d)``. An episode therefore plays the same
+    whichever other episodes share its batch, and however the decisions of a wave are batched for the LLM.
+    """
+    ep = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.asarray(seeds, jnp.uint32))
+    return (jax.vmap(lambda k: jax.random.fold_in(k, 0))(ep), jax.vmap(lambda k: jax.random.fold_in(k, 1))(ep))
+
+
+def decision_sample_key(llm_key: jax.Array, aid, decision) -> jax.Array:
+    """The sampling key of agent ``aid``'s ``decision``-th LLM decision in an episode."""
+    return jax.random.fold_in(jax.random.fold_in(llm_key, aid), decision)
+
+
+def choose_letters(letter_logits: jax.Array, n_letters: jax.Array, keys: jax.Array,
+                   temperature) -> tuple[jax.Array, jax.Array]:
+    """``choice_only`` sampling: a letter among each row's first ``n`` menu letters at the temperature.
+
+    Args:
+        letter_logits: float32[B, L] next-token logits of the letter tokens " A", " B", ...
+        n_letters: int32[B] menu size (letters beyond it are impossible; a row with 0 letters gets A).
+        keys: [B] PRNG keys, one per row.
+        temperature: scalar; <= 0 is greedy (argmax).
+
+    Returns:
+        ``(letter int32[B], logp float32[B])``: the letter index and its log-probability under the tempered
+        distribution over the menu letters (0 at temperature <= 0).
+    """
+    n = jnp.maximum(n_letters, 1)
+    t = jnp.maximum(temperature, 1e-6)
+    scaled = jnp.where(jnp.arange(letter_logits.shape[-1])[None] < n[:, None], letter_logits / t, -jnp.inf)
+    drawn = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+    letter = jnp.where(temperature > 0, drawn, jnp.argmax(scaled, axis=-1).astype(jnp.int32))
+    logp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), letter[:, None], axis=-1)[:, 0]
+    return letter, jnp.where(temperature > 0, logp, 0.0)
+
+
+_choose_letters_jit = jax.jit(choose_letters)
+
+
+def make_advance_env(lib, env, game: str, steps: int, frames: bool = False):
+    """``one(ms, traj, env_key, force) -> (ms, traj, need bool[A], rec Rec[A])`` for ONE env (not jitted).
 
     Like :func:`jaxopt_marl.macro.make_advance_to_decision` (advance until an agent is at a decision point or
-    the episode ended) plus: per-step trajectory buffers ``traj`` (dict of ``[B, T, ...]``), and ``force``:
+    the episode ended) plus: per-step trajectory buffers ``traj`` (dict of ``[T, ...]``), and ``force``:
     take at least one step even though an agent is waiting for a decision (an agent that could not start an
-    option waits one idle step instead of being asked again at the same state). With ``frames`` the
-    buffers also hold ``frames`` uint8[B, T, H, W, 3], ``env.render`` after every step (for GIFs; costly).
+    option waits one idle step instead of being asked again at the same state). Step t's env key is
+    ``fold_in(env_key, t)`` (:func:`episode_keys`). With ``frames`` the buffers also hold ``frames``
+    uint8[T, H, W, 3], ``env.render`` after every step (costly). Shared by the host loop (:class:`Roller`) and
+    the compiled rollout (:mod:`jaxopt_marl.compiled_rollout`).
     """
     n = lib.num_agents
 
-    def one(ms, tr, key, force):
+    def one(ms, tr, env_key, force):
         def cond(c):
             m, _, i, _ = c
             first = (i == 0) & force
@@ -321,21 +363,29 @@ def make_advance(lib, env, game: str, steps: int, frames: bool = False):
             pre = m.env
             t = jnp.clip(pre.step, 0, steps - 1)
             running = jnp.where(m.slots.active, m.slots.opt, -1)
-            m, rec = macro.advance(lib, env, m, jax.random.fold_in(key, pre.step))
+            m, rec, action = macro.advance(lib, env, m, jax.random.fold_in(env_key, pre.step), return_action=True)
             pos, alive = _agent_view(game, m.env)
             tr = dict(positions=tr["positions"].at[t].set(pos.astype(jnp.int32)),
                       rewards=tr["rewards"].at[t].set(_step_rewards(game, pre, m.env, n)),
                       alive=tr["alive"].at[t].set(alive), options=tr["options"].at[t].set(running),
+                      actions=tr["actions"].at[t].set(action),
                       **({"frames": tr["frames"].at[t].set(env.render(m.env))} if frames else {}))
             return m, tr, i + 1, rec
 
         ms, tr, _, rec = jax.lax.while_loop(cond, body, (ms, tr, jnp.int32(0), macro._empty_rec(lib)))
         return ms, tr, macro.needs_decision(lib, ms), rec
 
+    return one
+
+
+def make_advance(lib, env, game: str, steps: int, frames: bool = False):
+    """Jitted ``fn(ms [B], traj, env_keys [B], force bool[B]) -> (ms, traj, need bool[B, A], rec Rec[B, A])``:
+    :func:`make_advance_env` vmapped over a batch of envs."""
+    one = make_advance_env(lib, env, game, steps, frames)
+
     @jax.jit
-    def fn(ms, tr, key, force):
-        keys = jax.random.split(key, ms.acting.shape[0])
-        return jax.vmap(one)(ms, tr, keys, force)
+    def fn(ms, tr, env_keys, force):
+        return jax.vmap(one)(ms, tr, env_keys, force)
 
     return fn
 
@@ -344,7 +394,8 @@ def empty_traj(batch: int, steps: int, n: int, frame_shape: tuple[int, ...] | No
     """Zeroed trajectory buffers ``[batch, steps, ...]``; ``frame_shape`` (H, W, 3) adds ``frames``."""
     out = dict(positions=jnp.full((batch, steps, n, 2), -1, jnp.int32),
                rewards=jnp.zeros((batch, steps, n), jnp.float32),
-               alive=jnp.zeros((batch, steps, n), bool), options=jnp.full((batch, steps, n), -1, jnp.int32))
+               alive=jnp.zeros((batch, steps, n), bool), options=jnp.full((batch, steps, n), -1, jnp.int32),
+               actions=jnp.full((batch, steps, n), -1, jnp.int32))
     if frame_shape is not None:
         out["frames"] = jnp.zeros((batch, steps, *frame_shape), jnp.uint8)
     return out
@@ -377,6 +428,13 @@ class RolloutResult:
     stats: dict
     seconds: float
     llm_seconds: float
+    #: Compiled rollouts only: the device outputs of each call (:class:`jaxopt_marl.compiled_rollout.CompiledResult`),
+    #: the episodes kept from each call, sampled responses whose host parse differs from the device parse, and
+    #: the decision waves played.
+    device: list | None = None
+    batches: list | None = None
+    parse_mismatch: int = 0
+    waves: int = 0
 
     @property
     def num_decisions(self) -> int:
@@ -448,7 +506,8 @@ class Roller:
         traces, decisions = [], []
         stats = parsing.ParseStats()
         force = np.zeros((k_roll,), bool)
-        k_env, k_llm = jax.random.split(key)
+        seeds_arr = jnp.asarray(np.asarray(seeds, np.int32))
+        env_keys, llm_keys = episode_keys(key, seeds_arr)
         llm_s = 0.0
         bar = None
         if progress:
@@ -456,9 +515,8 @@ class Roller:
 
             bar = tqdm(total=self.steps, desc=desc, unit="step", leave=False)
         it = 0
-        seeds_arr = jnp.asarray(np.asarray(seeds, np.int32))
         while True:
-            ms, traj, need, rec = advance(ms, traj, jax.random.fold_in(k_env, it), jnp.asarray(force))
+            ms, traj, need, rec = advance(ms, traj, env_keys, jnp.asarray(force))
             self._outcomes(rec, pending, traces)
             need = np.asarray(need)
             done = np.asarray(ms.env.done)
@@ -486,8 +544,10 @@ class Roller:
                 menus_txt.append(text)
             # 2. One batched LLM call.
             t0 = time.perf_counter()
-            outs = self.policy.decide(users, labels, np.array([a for _, a in rows]), n_let,
-                                      jax.random.fold_in(k_llm, it), reference=reference) if rows else []
+            keys = (jnp.stack([decision_sample_key(llm_keys[b], a, int(ndec[b, a])) for b, a in rows])
+                    if rows else None)
+            outs = self.policy.decide(users, labels, np.array([a for _, a in rows]), n_let, keys,
+                                      reference=reference) if rows else []
             llm_s += time.perf_counter() - t0
             # 3. Parse, choose, trace.
             for (b, a), d, text, n_l, user in zip(rows, outs, menus_txt, n_let, users):

@@ -32,7 +32,9 @@ Design choices:
   minibatch count (:func:`pack_decisions` pads with invalid decisions).
 - *Memory.* ``MAGRPOConfig.micro_batch`` splits each optimizer step's forward/backward into chunks
   whose gradients are summed (weights use the whole minibatch's per-agent counts, so the step is the
-  same up to rounding); each chunk must also split evenly over the devices.
+  same up to rounding); each chunk must also split evenly over the devices. A chunk of padding rows
+  only is skipped (``lax.cond``), so a decision count rounded up to a coarse bucket -- fewer distinct
+  shapes, fewer compiles -- costs no extra forward or backward.
 - *Token layout.* Each decision is one row ``[prompt, left-padded | response, right-padded]`` of
   ``tokens: int32[D, T]``; the response occupies the last ``response_len`` columns, so only those
   columns go through the vocabulary head (:func:`lora.sampling.continuation_logprobs`).
@@ -448,9 +450,15 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
 
         def one(chunk_and_ids):
             chunk, ids = chunk_and_ids
-            return [sequence_logprobs(model, chunk, a, temperature=config.temperature, prefix_kv=kv,
-                                      prefix_rows=prefix_rows_of(a) if kv is not None else None)
-                    for a in ids]
+
+            def run(_):
+                return [sequence_logprobs(model, chunk, a, temperature=config.temperature, prefix_kv=kv,
+                                          prefix_rows=prefix_rows_of(a) if kv is not None else None)
+                        for a in ids]
+
+            # A micro-batch of padding rows only (a bucketed decision count) costs no forward.
+            return jax.lax.cond(chunk.valid.any(), run, lambda _: [jnp.zeros(a.shape, jnp.float32) for a in ids],
+                                None)
 
         ids = [x.reshape(-1, micro) for x in id_sets]
         out = jax.lax.map(one, (chunked(batch, micro), ids))
@@ -517,9 +525,18 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
                 lambda ad: prefix_cache(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]),
                 adapters)
 
+        def skipped(chunk):
+            """What a micro-batch of padding rows contributes: nothing (no forward or backward is run)."""
+            shapes = jax.eval_shape(lambda c: grads_and_metrics(base, adapters, kv, c, first, counts), chunk)
+            g, g_kv, m, live = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+            big = jnp.finfo(jnp.float32).max
+            m = {**m, "ratio_min": jnp.full_like(m["ratio_min"], big), "ratio_max": jnp.full_like(m["ratio_max"], -big)}
+            return g, g_kv, m, live
+
         def acc(carry, chunk):
             g_sum, kv_sum, m_acc = carry
-            g, g_kv, m, live = grads_and_metrics(base, adapters, kv, chunk, first, counts)
+            g, g_kv, m, live = jax.lax.cond(
+                chunk.valid.any(), lambda c: grads_and_metrics(base, adapters, kv, c, first, counts), skipped, chunk)
             g_sum = jax.tree.map(jnp.add, g_sum, g)
             kv_sum = jax.tree.map(jnp.add, kv_sum, g_kv)
             m_acc = {k: (jnp.minimum if k == "ratio_min" else

@@ -248,7 +248,17 @@ class Trainer:
     # -- one round --------------------------------------------------------------------------------------
 
     def pack(self, res: RolloutResult, adv: np.ndarray) -> ts.DecisionBatch:
-        """The round's decisions as one token batch (D padded for the micro-batch size)."""
+        """The round's decisions as one token batch (D padded for the micro-batch size).
+
+        A compiled rollout's batch is built on the device from its decision buffers
+        (:func:`jaxopt_marl.compiled_rollout.decision_batch`); the host loop's is packed from its lists.
+        """
+        multiple = max(1, self.mcfg.micro_batch) * self.mcfg.num_minibatches * self.step.mesh.size
+        if res.device is not None:
+            from jaxopt_marl import compiled_rollout
+
+            return compiled_rollout.decision_batch(self.roller, res, adv, row_multiple=multiple,
+                                                   prefix=tuple(self.policy.prefix_ids), width_step=PROMPT_BUCKET)
         prompts = [d.prompt_ids for _, _, d in res.decisions]
         responses = [d.response_ids for _, _, d in res.decisions]
         aids = [a for _, a, _ in res.decisions]
@@ -259,7 +269,6 @@ class Trainer:
         choices = [d.choices for _, _, d in res.decisions]
         choices = None if any(c is None for c in choices) else choices
         tp = -(-max(len(p) - len(prefix) for p in prompts) // PROMPT_BUCKET) * PROMPT_BUCKET
-        multiple = max(1, self.mcfg.micro_batch) * self.mcfg.num_minibatches
         return ts.pack_decisions(prompts, responses, aids, advs, pad_id=self.policy.pad_id, prompt_len=tp,
                                  response_len=self.policy.cfg.response_len, pad_to_multiple=max(multiple, 4),
                                  prefix=prefix, choices=choices)
@@ -315,9 +324,12 @@ class Trainer:
             "train/best_round": self.best[0],
             "train/best_return": self.best[1],
             **{"train/kl": 0.0, "train/clip_frac": 0.0, **upd},
+            "train/parse_mismatch": int(res.parse_mismatch),
             "perf/decisions_per_s": res.num_decisions / max(res.seconds, 1e-9),
             "perf/rollout_s": res.seconds,
-            "perf/llm_s": res.llm_seconds,
+            # The host loop times its LLM calls; the compiled rollout is one program (None: not separable).
+            "perf/llm_s": None if np.isnan(res.llm_seconds) else res.llm_seconds,
+            "perf/waves": int(res.waves),
             "perf/update_s": t_upd,
             "perf/round_s": time.perf_counter() - t0,
         }

@@ -128,11 +128,111 @@ class Generation(NamedTuple):
     tokens: int32[B, M] sampled ids (eos included; the pad id after it).
     logprobs: float32[B, M] log-probability of each token under the untempered policy, 0 after end.
     mask: bool[B, M] true up to and including the first end token.
+    logprobs_t: float32[B, M] the same at the sampling temperature (the distribution the tokens were
+      drawn from; 0 after end; equal to ``logprobs`` at temperature 1 and 0 at temperature <= 0).
   """
 
   tokens: jax.Array
   logprobs: jax.Array
   mask: jax.Array
+  logprobs_t: jax.Array | None = None
+
+
+def decode(model: Decoder, prompt_ids: jax.Array, prompt_mask: jax.Array, draw, *,
+           agent_ids: jax.Array | None, temperature, prefix_cache: KVCache | None,
+           max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,
+           live_rows: jax.Array | None = None) -> Generation:
+  """The traceable decode loop behind :func:`generate` (call it inside jit).
+
+  Args:
+    model: the merged decoder.
+    prompt_ids, prompt_mask: int32[B, Tp] / bool[B, Tp], left-padded (after the prefix, if any).
+    draw: ``draw(i, scaled_logits float32[B, V]) -> int32[B]``: token ``i`` of every row from its
+      logits divided by the temperature (only called when the temperature is > 0).
+    agent_ids: int32[B] or None (reference policy).
+    temperature: float scalar (traced); <= 0 is greedy.
+    prefix_cache: optional cache with B rows holding a shared prefix.
+    max_new_tokens: M >= 1 (static).
+    eos_ids: token ids that end a row.
+    pad_id: written after a row has ended.
+    live_rows: optional bool[B]; rows that are False count as ended from the start (padding rows of
+      a batch: they emit only ``pad_id`` with mask False and never keep the loop running).
+
+  Returns:
+    :class:`Generation` (with ``logprobs_t``). The loop is a ``lax.while_loop`` that stops once
+    every row has produced an end token: no model call after the last token.
+  """
+  b, tp = prompt_ids.shape
+  # The prompt attends to the prefix's own slots only; the returned cache has room for the rest.
+  if max_new_tokens == 1:  # one token (a menu letter): nothing is decoded, so no cache is written
+    h, cache = model.hidden(prompt_ids, attention_mask=prompt_mask, agent_ids=agent_ids,
+                            cache=prefix_cache)  # cache is None: no cache_size
+    logits = model.logits(h[:, -1])
+  else:
+    size = (0 if prefix_cache is None else prefix_cache.size) + tp + max_new_tokens - 1
+    logits, cache = model.step(prompt_ids, prefix_cache, attention_mask=prompt_mask,
+                               agent_ids=agent_ids, cache_size=size)
+  eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+  t = jnp.maximum(temperature, 1e-6)
+  hot = temperature > 0
+
+  def sample(logits, i, done):
+    """Token i of every row from its logits [B, V]; pad (log-prob 0) for rows already ended."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    logp_t = jax.nn.log_softmax(logits / t, axis=-1)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tok = jnp.where(hot, draw(i, logits / t).astype(jnp.int32), greedy)
+    tok_lp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    tok_lpt = jnp.where(hot, jnp.take_along_axis(logp_t, tok[:, None], axis=-1)[:, 0], 0.0)
+    live = ~done
+    return (jnp.where(live, tok, pad_id), jnp.where(live, tok_lp, 0.0), jnp.where(live, tok_lpt, 0.0),
+            live)
+
+  def record(out, i, tok, lp, lpt, live):
+    toks, lps, lpts, lives = out
+    return (toks.at[:, i].set(tok), lps.at[:, i].set(lp), lpts.at[:, i].set(lpt),
+            lives.at[:, i].set(live))
+
+  # Token 0 comes from the prompt's logits; each loop turn feeds the previous token through the
+  # model and samples the next, and the loop stops as soon as every row has ended (a decision's
+  # answer is a few tokens; the M-token budget is rarely used) -- no model call after the last token.
+  done = jnp.zeros((b,), bool) if live_rows is None else ~live_rows.astype(bool)
+  tok, lp, lpt, live = sample(logits, 0, done)
+  zeros = jnp.zeros((b, max_new_tokens), jnp.float32)
+  out = record((jnp.full((b, max_new_tokens), pad_id, jnp.int32), zeros, zeros,
+                jnp.zeros((b, max_new_tokens), bool)), 0, tok, lp, lpt, live)
+  done = done | jnp.isin(tok, eos)
+
+  def cond(carry):
+    i, _, _, _, done, _ = carry
+    return (i < max_new_tokens) & ~jnp.all(done)
+
+  def body(carry):
+    i, prev, prev_live, cache, done, out = carry
+    logits, cache = model.step(prev[:, None], cache, attention_mask=prev_live[:, None],
+                               agent_ids=agent_ids)
+    tok, lp, lpt, live = sample(logits, i, done)
+    return (i + 1, tok, live, cache, done | jnp.isin(tok, eos), record(out, i, tok, lp, lpt, live))
+
+  if max_new_tokens > 1:
+    _, _, _, _, _, out = jax.lax.while_loop(
+        cond, body, (jnp.ones((), jnp.int32), tok, live, cache, done, out))
+  toks, lps, lpts, live = out
+  return Generation(tokens=toks, logprobs=lps, mask=live, logprobs_t=lpts)
+
+
+def row_key_draw(row_keys: jax.Array):
+  """A :func:`decode` ``draw`` with one key per row: token i of row b uses ``fold_in(row_keys[b], i)``.
+
+  So a row's sample does not depend on which other rows share its batch (the compiled rollout
+  batches whichever agents decide in a wave).
+  """
+
+  def draw(i, scaled):
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
+    return jax.vmap(jax.random.categorical)(keys, scaled)
+
+  return draw
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "eos_ids", "pad_id"))
@@ -141,14 +241,14 @@ def generate(graphdef, state, prompt_ids, prompt_mask, key, agent_ids=None, temp
              pad_id: int = 0) -> Generation:
   """Samples up to ``max_new_tokens`` per row with a KV cache (temperature <= 0: greedy).
 
-  The decode loop is a ``lax.while_loop`` that stops once every row has produced an end token, so a
-  batch of short answers costs as many model calls as its longest answer, not M.
+  The decode loop (:func:`decode`) is a ``lax.while_loop`` that stops once every row has produced an
+  end token, so a batch of short answers costs as many model calls as its longest answer, not M.
 
   Args:
     graphdef, state: from ``nnx.split(model)``.
     prompt_ids: int32[B, Tp] left-padded prompts (after the prefix, if any).
     prompt_mask: bool[B, Tp].
-    key: PRNG key.
+    key: PRNG key (token i of the batch is drawn with ``split(key, M)[i]``).
     agent_ids: int32[B] or None (reference policy).
     temperature: float scalar (traced, so changing it does not recompile).
     prefix_cache: optional cache with B rows (see :meth:`KVCache.broadcast`) holding a shared prefix.
@@ -165,57 +265,27 @@ def generate(graphdef, state, prompt_ids, prompt_mask, key, agent_ids=None, temp
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
   model = nnx.merge(graphdef, state)
-  b, tp = prompt_ids.shape
-  # The prompt attends to the prefix's own slots only; the returned cache has room for the rest.
-  if max_new_tokens == 1:  # one token (a menu letter): nothing is decoded, so no cache is written
-    h, cache = model.hidden(prompt_ids, attention_mask=prompt_mask, agent_ids=agent_ids,
-                            cache=prefix_cache)  # cache is None: no cache_size
-    logits = model.logits(h[:, -1])
-  else:
-    size = (0 if prefix_cache is None else prefix_cache.size) + tp + max_new_tokens - 1
-    logits, cache = model.step(prompt_ids, prefix_cache, attention_mask=prompt_mask,
-                               agent_ids=agent_ids, cache_size=size)
-  eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
   keys = jax.random.split(key, max_new_tokens)
+  draw = lambda i, scaled: jax.random.categorical(keys[i], scaled, axis=-1)
+  return decode(model, prompt_ids, prompt_mask, draw, agent_ids=agent_ids, temperature=temperature,
+                prefix_cache=prefix_cache, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                pad_id=pad_id)
 
-  def sample(logits, i, done):
-    """Token i of every row from its logits [B, V]; pad (log-prob 0) for rows already ended."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    t = jnp.maximum(temperature, 1e-6)
-    sampled = jax.random.categorical(keys[i], logits / t, axis=-1).astype(jnp.int32)
-    tok = jnp.where(temperature > 0, sampled, greedy)
-    tok_lp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-    live = ~done
-    return jnp.where(live, tok, pad_id), jnp.where(live, tok_lp, 0.0), live
 
-  def record(out, i, tok, lp, live):
-    toks, lps, lives = out
-    return toks.at[:, i].set(tok), lps.at[:, i].set(lp), lives.at[:, i].set(live)
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "eos_ids", "pad_id"))
+def generate_rows(graphdef, state, prompt_ids, prompt_mask, row_keys, agent_ids=None, temperature=1.0,
+                  prefix_cache=None, *, max_new_tokens: int, eos_ids: tuple[int, ...] = (),
+                  pad_id: int = 0) -> Generation:
+  """:func:`generate` with one PRNG key per row (``row_keys`` [B] keys; see :func:`row_key_draw`).
 
-  # Token 0 comes from the prompt's logits; each loop turn feeds the previous token through the
-  # model and samples the next, and the loop stops as soon as every row has ended (a decision's
-  # answer is a few tokens; the M-token budget is rarely used) -- no model call after the last token.
-  done = jnp.zeros((b,), bool)
-  tok, lp, live = sample(logits, 0, done)
-  out = record((jnp.full((b, max_new_tokens), pad_id, jnp.int32),
-                jnp.zeros((b, max_new_tokens), jnp.float32),
-                jnp.zeros((b, max_new_tokens), bool)), 0, tok, lp, live)
-  done = done | jnp.isin(tok, eos)
+  A row's sample then depends only on its own key and prompt, not on the other rows of the batch.
 
-  def cond(carry):
-    i, _, _, _, done, _ = carry
-    return (i < max_new_tokens) & ~jnp.all(done)
-
-  def body(carry):
-    i, prev, prev_live, cache, done, out = carry
-    logits, cache = model.step(prev[:, None], cache, attention_mask=prev_live[:, None],
-                               agent_ids=agent_ids)
-    tok, lp, live = sample(logits, i, done)
-    return (i + 1, tok, live, cache, done | jnp.isin(tok, eos), record(out, i, tok, lp, live))
-
-  if max_new_tokens > 1:
-    _, _, _, _, _, out = jax.lax.while_loop(
-        cond, body, (jnp.ones((), jnp.int32), tok, live, cache, done, out))
-  toks, lps, live = out
-  return Generation(tokens=toks, logprobs=lps, mask=live)
+  Raises:
+    ValueError: ``max_new_tokens`` < 1.
+  """
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  model = nnx.merge(graphdef, state)
+  return decode(model, prompt_ids, prompt_mask, row_key_draw(row_keys), agent_ids=agent_ids,
+                temperature=temperature, prefix_cache=prefix_cache, max_new_tokens=max_new_tokens,
+                eos_ids=eos_ids, pad_id=pad_id)
