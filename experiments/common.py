@@ -250,7 +250,8 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
                                                   "GGUF); 'tiny-random' for tests")
     ap.add_argument("--out", default=None, help="run directory (default runs/<game>-<preset>-s<seed>)")
     ap.add_argument("--seed", type=int, default=0, help="run seed")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint (same "
+                    "flags as the run; only --rounds and the evaluation flags may change)")
     ap.add_argument("--force", action="store_true", help="delete an existing --out first")
     ap.add_argument("--rounds", type=int, default=None, help="override the preset's rounds")
     ap.add_argument("--episode-steps", type=int, default=None, help="override the preset's episode length")
