@@ -5,7 +5,7 @@ burn-in -> guards -> per-agent LoRA training -> evaluation on seeds 10000.. (tra
 Default without an accelerator: ``--preset cpu`` (a reduced budget, said so in the output).
 """
 
-from experiments.common import main
+from experiments.common import cli
 
 if __name__ == "__main__":
-    main("cleanup", prog="python -m experiments.cleanup")
+    cli("cleanup", prog="python -m experiments.cleanup")

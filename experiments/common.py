@@ -4,7 +4,8 @@ burn-in (``burnin/records.parquet``, ``burnin/burnin.json``) -> guards (``guards
 (``checkpoints/``, ``best/``, ``metrics.jsonl``, ``decisions/round_XXXX.jsonl``) -> evaluation on seeds 10000..
 (paper §6.1: 20 episodes, seeds disjoint from training) with the trained adapters chosen by the paper's checkpoint
 rule (highest training-time team return, ``best/``; ``--eval-checkpoint final`` = the last round's) and, if the
-budget allows, the frozen base on the same menu (``eval.json``, ``eval_traj.npz``, ``decisions/eval*.jsonl``)
+budget allows, the frozen base on the same menu (``eval.json``, ``eval_traj.npz``, ``decisions/eval*.jsonl``;
+``eval.json``'s ``stats``: the §6.1 bootstrap CIs and Mann–Whitney U test, :mod:`jaxopt_marl.stats`)
 -> solo test (paper §6.4: each agent alone on the first ``solo_episodes`` evaluation seeds, the others idled;
 ``solo.json``) -> ``report.md``.
 
@@ -25,8 +26,11 @@ Presets (:class:`RunConfig` constructors):
 - ``smoke`` — a few minutes, for tests (pair with ``--model tiny-random``).
 
 An existing run directory is never overwritten: pass ``--resume`` to continue it from its last complete
-checkpoint, or ``--force`` to delete it first. Bad input (unknown preset, game or layout, a model path without
-weights, a corrupt checkpoint on ``--resume``) fails before any compute with a message naming it.
+checkpoint, or ``--force`` to delete it first. ``--resume`` takes the run's original flags: a value that differs
+from its ``config.json`` fails, naming each key with both values, except the keys of :data:`RESUME_MAY_DIFFER`
+(``rounds``, to extend or cut a run, and the evaluation-only settings, since a resumed run evaluates afresh).
+Bad input (unknown preset, game or layout, a model path without weights, a corrupt checkpoint or differing
+flags on ``--resume``) fails before any compute with a message naming it (exit status 2 from the command line).
 """
 
 from __future__ import annotations
@@ -57,10 +61,18 @@ SOLO_PAPER = {"overcooked_aa": 5, "overcooked_fc": 5, "cleanup": 2, "harvest": 2
 # MAGRPOConfig's own default is 0 (the whole minibatch at once).
 MICRO_BATCH = 8
 MAGRPO_FIELDS = frozenset(f.name for f in dataclasses.fields(MAGRPOConfig))
+# config.json keys a --resume may change: rounds (extend a run, or stop it early: the trainer runs rounds
+# state.round .. rounds - 1, none when it has done more) and the evaluation-only settings (evaluation and solo
+# test run afresh after the last round of every invocation, and config.json is rewritten with the new values).
+# Everything else shapes the training trajectory (or the burn-in and guards that a resume reuses) and must match.
+RESUME_MAY_DIFFER = frozenset({"rounds", "eval_episodes", "eval_base", "eval_checkpoint", "solo_episodes"})
+# Exit status of InputError from the command line (argparse's for bad usage).
+INPUT_ERROR_STATUS = 2
 
 
 class InputError(SystemExit):
-    """Bad command-line input, raised before any compute (exit status 2 with the message)."""
+    """Bad command-line input, raised before any compute; :func:`cli` prints the message and exits with status
+    :data:`INPUT_ERROR_STATUS` (raised uncaught, a SystemExit with a message exits with status 1)."""
 
     def __init__(self, msg: str):
         super().__init__(f"error: {msg}")
@@ -155,6 +167,11 @@ class RunConfig:
     def overcooked(self) -> bool:
         return self.game.startswith("overcooked")
 
+    @property
+    def units(self) -> str:
+        """Units of the team return: soups delivered (Overcooked) or apples eaten (Cleanup, Harvest)."""
+        return "deliveries" if self.overcooked else "apples"
+
     def replace(self, **kw) -> "RunConfig":
         """A copy with ``kw`` replaced; ``kw`` may name :attr:`magrpo`'s fields flat (``num_rollouts=2``)."""
         m = {k: kw.pop(k) for k in list(kw) if k in MAGRPO_FIELDS}
@@ -233,7 +250,8 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
                                                   "GGUF); 'tiny-random' for tests")
     ap.add_argument("--out", default=None, help="run directory (default runs/<game>-<preset>-s<seed>)")
     ap.add_argument("--seed", type=int, default=0, help="run seed")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint (same "
+                    "flags as the run; only --rounds and the evaluation flags may change)")
     ap.add_argument("--force", action="store_true", help="delete an existing --out first")
     ap.add_argument("--rounds", type=int, default=None, help="override the preset's rounds")
     ap.add_argument("--episode-steps", type=int, default=None, help="override the preset's episode length")
@@ -323,15 +341,50 @@ def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool, force: bool) -> int
         conf = out / "config.json"
         if not conf.exists():
             raise InputError(f"--resume: {conf} is missing")
-        old = json.loads(conf.read_text())
+        try:
+            old = json.loads(conf.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"--resume: {conf} is unreadable ({type(e).__name__}: {e})") from None
+        if not isinstance(old, dict):
+            raise InputError(f"--resume: {conf} is not a JSON object")
         if old.get("game") != cfg.game:
             raise InputError(f"--resume: {out} is a {old.get('game')} run, not {cfg.game}")
+        check_resume_config(old, cfg, conf)
         return check_checkpoint(out)
     if exists:
         if not force:
             raise InputError(f"run directory {out} exists; pass --resume to continue it or --force to overwrite it")
         shutil.rmtree(out)
     return None
+
+
+def resume_differences(old: dict, cfg: RunConfig) -> dict[str, tuple]:
+    """``{key: (value in config.json, value given)}`` for every key of ``cfg.flat_dict()`` whose value differs
+    from ``old`` (a run's ``config.json``), except :data:`RESUME_MAY_DIFFER`. Keys that ``old`` lacks (written
+    before that field existed) are not compared; values are compared as JSON spells them (tuples as lists)."""
+    new = json.loads(json.dumps(cfg.flat_dict()))
+    return {k: (old[k], v) for k, v in new.items() if k not in RESUME_MAY_DIFFER and k in old and old[k] != v}
+
+
+def check_resume_config(old: dict, cfg: RunConfig, conf: Path) -> None:
+    """InputError naming every key (both values) where ``cfg`` differs from the run's ``config.json``."""
+    diff = resume_differences(old, cfg)
+    if diff:
+        keys = "; ".join(f"{k}: {json.dumps(a)} in config.json, {json.dumps(b)} given" for k, (a, b) in diff.items())
+        raise InputError(f"--resume: the flags differ from {conf} in {len(diff)} key(s): {keys}. Give the run's "
+                         f"original flags (on --resume only {', '.join(sorted(RESUME_MAY_DIFFER))} may change) or "
+                         f"a new --out")
+
+
+def check_stats() -> None:
+    """InputError unless scipy (the evaluation's statistics, :mod:`jaxopt_marl.stats`) is importable and new
+    enough: found before any compute, not after the training rounds."""
+    try:
+        from jaxopt_marl import stats
+
+        stats.check_scipy()
+    except ImportError as e:
+        raise InputError(f"the evaluation statistics need scipy: {e}") from None
 
 
 def check_library(game: str) -> None:
@@ -392,6 +445,19 @@ def _eval_block(game: str, res, seeds: list[int], label: str) -> dict:
             "parse": res.parse.as_dict(), "seconds": res.seconds}
 
 
+def _eval_stats(cfg: RunConfig, ev: dict) -> dict:
+    """``eval.json``'s ``stats`` (paper §6.1): bootstrap CIs of the mean team return of the trained adapters and
+    the frozen base (None if not run) on the same seeds, and their two-sided Mann–Whitney U test."""
+    from jaxopt_marl import stats
+
+    def team(block):
+        return None if block is None else [e["team_return"] for e in block["episodes"]]
+
+    return stats.eval_stats(team(ev["trained"]), team(ev["base"]), seeds=ev["seeds"], metric="team_return",
+                            units=cfg.units,
+                            labels=(ev["trained"]["policy"], ev["base"]["policy"] if ev["base"] else "frozen_base"))
+
+
 def _minimal_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: dict) -> str:
     lines = [f"# {cfg.game} run `{run_dir.name}`", ""]
     if cfg.reduced_budget:
@@ -444,6 +510,7 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     # 0. Every check that needs no compute.
     check_model(cfg.model)
     check_library(cfg.game)
+    check_stats()
     ckpt_round = prepare_run_dir(cfg, out, resume, force)
 
     import jax
@@ -573,13 +640,14 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     # Convenience aliases for the audits (episodes E, steps T, agents N).
     ev["episodes"] = ev["trained"]["episodes"]
     ev["summary"] = ev["trained"]["summary"]
+    ev["stats"] = _eval_stats(cfg, ev)
     (out / "eval.json").write_text(json.dumps(ev, indent=2) + "\n")
     # Solo test (paper §6.4): each agent alone on the first solo_episodes evaluation seeds (one batched collect
     # per agent, the others idled on ``wait``, same key as the evaluation); the full team's returns on those
     # seeds are the evaluation's.
     if cfg.solo_episodes > 0:
         solo_seeds = seeds[:cfg.solo_episodes]
-        units = "deliveries" if cfg.overcooked else "apples"
+        units = cfg.units
 
         def play_solo(active, ss):
             res = roller.collect(list(ss), eval_key, round_idx=-1, progress=progress,
@@ -621,6 +689,16 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
         if (out / f).exists():
             print(f"wrote {out / f}" + (" (report: " + how + ")" if f == "report.md" else ""))
     return out
+
+
+def cli(game: str | None, prog: str) -> Path:
+    """The command line's entry point: :func:`main` on ``sys.argv``; an :class:`InputError` prints its message to
+    stderr and exits with status :data:`INPUT_ERROR_STATUS`."""
+    try:
+        return main(game, prog=prog)
+    except InputError as e:
+        print(e.code, file=sys.stderr)
+        raise SystemExit(INPUT_ERROR_STATUS) from None
 
 
 def main(game: str | None, argv: list[str] | None = None, prog: str = "experiments") -> Path:

@@ -9,7 +9,9 @@ Reads (all optional; whatever is missing or unreadable is named in the report in
 - ``eval.json``: ``{"episodes": [{"seed", "team_return", "agent_returns", ...}], "summary", "policy",
   "baseline"?}``; ``baseline`` (or ``base``, as ``experiments/common.py`` writes it) may hold ``episodes``
   and/or ``summary`` (``{"key": {"mean", "std"}}``); ``checkpoint_rule``, ``checkpoint_round``,
-  ``checkpoint_train_return`` name the evaluated adapters (paper §6.1 checkpoint rule);
+  ``checkpoint_train_return`` name the evaluated adapters (paper §6.1 checkpoint rule); ``stats`` (paper §6.1
+  statistics, :func:`jaxopt_marl.stats.eval_stats`): per policy ``n``, ``values``, ``mean``, ``std``, ``ci``,
+  and ``mann_whitney`` (``u``, ``u_max``, ``p_value``, ``method``) and plain-words ``notes``;
 - ``solo.json`` (paper §6.4 solo test, :meth:`jaxopt_marl.audit.SoloResult.as_dict`): ``seeds``, ``units``,
   ``agents`` (per agent ``solo_team_return`` and ``own_return`` per seed), ``full_team`` (``returns`` per seed);
   expected only when config ``solo_episodes`` > 0;
@@ -408,6 +410,62 @@ def section_eval(ev: dict | None, game: str | None) -> list[str]:
         lines += ["", "Per-agent return (mean ± std over episodes, from `eval.json`):", "",
                   *table(["agent", "return"], [[f"a{i}", fmt_pm(*audit.mean_std(arr[:, i])[:2])]
                                                for i in range(arr.shape[1])])]
+    return lines + [""] + section_stats(ev.get("stats"), game)
+
+
+def _fmt_count(x: Any) -> str:
+    """An integer with thousands separators (``10,000``); other values as :func:`fmt` writes them."""
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else fmt(x)
+
+
+def _fmt_p(p: Any) -> str:
+    """A p-value in 3 significant digits (``4.68e-10``, ``0.221``), ``n/a`` when absent."""
+    p = _num(p)
+    return "n/a" if not math.isfinite(p) else f"{p:.3g}"
+
+
+def section_stats(st: Any, game: str | None) -> list[str]:
+    """The "Statistics" subsection (paper §6.1) from ``eval.json``'s ``stats`` (:mod:`jaxopt_marl.stats`):
+    a table of policy, n, mean ± std, 95% CI; the Mann–Whitney U line; the plain-words notes."""
+    lines = ["### Statistics (paper §6.1)", ""]
+    if not isinstance(st, dict) or not isinstance(st.get("trained"), dict):
+        return lines + ["`eval.json` has no `stats` block (a run from before the statistics were recorded): no "
+                        "confidence intervals or test."]
+    units = st.get("units") or _units(game)
+    level = _num(st.get("confidence_level"))
+    level_txt = f"{100 * level:g}%" if math.isfinite(level) else "n/a"
+    seeds = st.get("seeds") if isinstance(st.get("seeds"), list) else []
+    lines += [f"Per-episode `{st.get('metric', 'team_return')}` ({units}) on the same held-out seeds for every "
+              f"policy ({_seed_text(seeds)}): mean ± sample std (ddof = 1), the {level_txt} "
+              f"{st.get('bootstrap_method', 'percentile')} bootstrap CI of the mean ({_fmt_count(st.get('n_resamples'))} "
+              f"resamples, seed {fmt(st.get('bootstrap_seed'))}).", ""]
+    rows = []
+    for block in (st.get("trained"), st.get("base")):
+        if not isinstance(block, dict):
+            continue
+        ci = block.get("ci")
+        ci_txt = f"[{fmt(_num(ci[0]))}, {fmt(_num(ci[1]))}]" if isinstance(ci, list) and len(ci) == 2 else "n/a"
+        std = _num(block.get("std"))
+        rows.append([str(block.get("policy", "?")), fmt(block.get("n")),
+                     fmt_pm(_num(block.get("mean")), std) if math.isfinite(std) else fmt(_num(block.get("mean"))),
+                     ci_txt])
+    lines += table(["policy", "n", f"mean ± std ({units})", f"{level_txt} CI of the mean"], rows) + [""]
+    mw = st.get("mann_whitney")
+    if isinstance(mw, dict):
+        u, u_max = _num(mw.get("u")), _num(mw.get("u_max"))
+        share = f" ({mw.get('x')} ahead in {100 * u / u_max:.1f}% of episode pairs, ties counting half)" \
+            if math.isfinite(u) and u_max > 0 else ""
+        method = mw.get("method", "n/a") + (" with continuity correction" if mw.get("method") == "asymptotic"
+                                            and mw.get("use_continuity") else "")
+        lines.append(f"Mann–Whitney U ({mw.get('alternative', 'two-sided')}, {mw.get('x')} vs {mw.get('y')}, "
+                     f"scipy method `{method}`): U = {fmt(u, 1)} of {fmt(u_max, 0)}{share}, "
+                     f"p = {_fmt_p(mw.get('p_value'))}.")
+    else:
+        lines.append("No Mann–Whitney test: the frozen base was not evaluated (`--no-eval-base`) or a sample is "
+                     "empty.")
+    notes = [n for n in st.get("notes", []) or [] if isinstance(n, str)]
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
     return lines
 
 

@@ -74,8 +74,16 @@ def test_smoke_run_writes_every_file(smoke_run):
     assert traj["positions"].shape == (2, 12, 2, 2) and traj["positions"].dtype == np.int32
     assert traj["rewards"].shape == (2, 12, 2) and traj["alive"].dtype == bool
     assert traj["options"].shape == (2, 12, 2) and "base_positions" in traj
+    # Paper §6.1 statistics from the per-episode team returns of both policies on the same seeds.
+    st = ev["stats"]
+    assert st["seeds"] == ev["seeds"] and st["units"] == "deliveries" and st["n_resamples"] == 10_000
+    for block, key in ((ev["trained"], "trained"), (ev["base"], "base")):
+        assert st[key]["values"] == [e["team_return"] for e in block["episodes"]]
+        assert st[key]["policy"] == block["policy"] and st[key]["n"] == 2
+    assert st["mann_whitney"]["alternative"] == "two-sided" and 0.0 <= st["mann_whitney"]["p_value"] <= 1.0
     report = (out / "report.md").read_text()
     assert "Reduced budget" in report and "### Solo test" in report
+    assert "### Statistics (paper §6.1)" in report and "Mann–Whitney U (two-sided, trained vs frozen_base" in report
 
 
 def test_existing_run_dir_is_never_overwritten(smoke_run):
@@ -165,8 +173,9 @@ def test_resume_reads_old_flat_config(tmp_path):
     # A run directory written before RunConfig nested its MAGRPOConfig (flat keys, no optimizer extras).
     run = tmp_path / "old"
     run.mkdir()
-    old = dict.fromkeys(OLD_CONFIG_KEYS)
-    old.update(game="cleanup", preset="cpu", num_rollouts=2, micro_batch=8, shared_adapter=False)
+    # The values such a run of the same flags wrote (the resume check compares every key the old file has).
+    flat = common.RunConfig.cpu("cleanup").flat_dict()
+    old = {k: flat.get(k) for k in OLD_CONFIG_KEYS}
     (run / "config.json").write_text(json.dumps(old))
     assert common.prepare_run_dir(common.RunConfig.cpu("cleanup"), run, resume=True, force=False) is None
     with pytest.raises(SystemExit, match="is a cleanup run, not harvest"):
@@ -175,3 +184,41 @@ def test_resume_reads_old_flat_config(tmp_path):
     flat = common.RunConfig.cpu("cleanup").flat_dict()
     assert set(OLD_CONFIG_KEYS) - {"reduced_budget", "num_agents", "eval_seed0"} <= set(flat)
     assert (flat["num_rollouts"], flat["epochs"], flat["micro_batch"], flat["lora_rank"]) == (2, 1, 8, 32)
+
+
+def _run_dir_with_config(tmp_path, cfg):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({**cfg.flat_dict(), "reduced_budget": cfg.reduced_budget}))
+    return run
+
+
+def test_resume_with_differing_flags_fails_naming_them(tmp_path):
+    cfg = common.RunConfig.smoke("overcooked_aa", model="tiny-random")
+    run = _run_dir_with_config(tmp_path, cfg)
+    # The same flags, and the keys that may change on --resume (rounds to extend a run; evaluation-only keys).
+    assert common.prepare_run_dir(cfg, run, resume=True, force=False) is None
+    more = cfg.replace(rounds=5, eval_episodes=3, eval_base=False, eval_checkpoint="final", solo_episodes=0)
+    assert common.prepare_run_dir(more, run, resume=True, force=False) is None
+    assert set(common.RESUME_MAY_DIFFER) == {"rounds", "eval_episodes", "eval_base", "eval_checkpoint",
+                                             "solo_episodes"}
+    # Anything else fails before any compute, naming each key with both values.
+    bad = cfg.replace(episode_steps=30, mode="choice_only", learning_rate=0.5, rounds=9)
+    with pytest.raises(SystemExit, match=r'in 3 key\(s\): episode_steps: 12 in config.json, 30 given; mode: '
+                                         r'"sample" in config.json, "choice_only" given; learning_rate: 0.01 in '
+                                         r'config.json, 0.5 given\.'):
+        common.prepare_run_dir(bad, run, resume=True, force=False)
+    with pytest.raises(SystemExit, match=r'model: "tiny-random" in config.json, null given'):
+        common.prepare_run_dir(cfg.replace(model=None), run, resume=True, force=False)
+    (run / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="config.json is unreadable"):
+        common.prepare_run_dir(cfg, run, resume=True, force=False)
+
+
+def test_resume_mismatch_exits_with_status_2(tmp_path):
+    run = _run_dir_with_config(tmp_path, common.RunConfig.smoke("overcooked_aa", model="tiny-random", seed=1))
+    p = _cli("experiments.overcooked", "--layout", "aa", "--preset", "smoke", "--model", "tiny-random",
+             "--out", str(run), "--resume", timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "error: --resume: the flags differ" in p.stderr and "seed: 1 in config.json, 0 given" in p.stderr
+    assert not (run / "burnin").exists()

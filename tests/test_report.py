@@ -220,3 +220,34 @@ def test_report_solo_not_expected_and_checkpoint_rule(tmp_path):
     assert "Adapters: highest training-time team return (paper §6.1); round 2 (its mean training team return " \
            "4.00)." in md
     assert "| team_return | 0.00 ± 0.00 | 4.00 ± 1.41 | 2 / 2 |" in md  # the base block is read as the baseline
+
+
+def test_report_statistics_section(tmp_path):
+    from jaxopt_marl import stats
+
+    run = _make_run(tmp_path)
+    ev = json.loads((run / "eval.json").read_text())
+    # trained 3, 5 (mean 4.00, sample std 1.41, percentile bootstrap CI [3, 5]); base 0, 0 (CI [0, 0]);
+    # U = 4 of 4 (every trained episode beats every base episode).
+    ev["stats"] = stats.eval_stats([3.0, 5.0], [0.0, 0.0], seeds=[10000, 10001], units="apples")
+    (run / "eval.json").write_text(json.dumps(ev))
+    md = write_report(run).read_text()
+    assert "### Statistics (paper §6.1)" in md
+    assert "| trained | 2 | 4.00 ± 1.41 | [3.00, 5.00] |" in md
+    assert "| frozen_base | 2 | 0.00 ± 0.00 | [0.00, 0.00] |" in md
+    assert "95% percentile bootstrap CI of the mean (10,000 resamples, seed 0)" in md
+    mw = ev["stats"]["mann_whitney"]
+    assert (f"Mann–Whitney U (two-sided, trained vs frozen_base, scipy method `asymptotic with continuity "
+            f"correction`): U = 4.0 of 4 (trained ahead in 100.0% of episode pairs, ties counting half), "
+            f"p = {mw['p_value']:.3g}.") in md
+    assert "- Only 2 episode(s) per policy" in md
+    # No base: the table has one row and the report says why there is no test.
+    ev["stats"] = stats.eval_stats([3.0, 5.0], None)
+    (run / "eval.json").write_text(json.dumps(ev))
+    md = write_report(run).read_text()
+    assert "| trained | 2 | 4.00 ± 1.41 | [3.00, 5.00] |" in md and "No Mann–Whitney test" in md
+
+
+def test_report_without_statistics_says_so(tmp_path):
+    md = write_report(_make_run(tmp_path)).read_text()
+    assert "`eval.json` has no `stats` block" in md
