@@ -36,8 +36,8 @@ buffer (the caller's C), and ``n_letters`` outside 0..26 (clamped).
 max/min/sum or a gather/scatter over ``[C]``):
 
 1. *UTF-8 decode*: lead bytes are validated from shifted copies of the buffer, code points assembled, and
-   each character's class (:func:`_char_tables`: ASCII code, or a non-ASCII class from a binary search over
-   Unicode run starts) is compacted to ``cls[C]`` (cumsum + one scatter).
+   each character's class (:func:`_char_tables`: the ASCII code, or a non-ASCII class, from a two-level
+   table of 256-code-point blocks) is compacted to ``cls[C]`` (cumsum + one scatter).
 2. *Think blocks and markup* (``_THINK``, ``_MARKUP``): ``<think>`` / ``</think>`` occurrences by shifted
    comparison. Since neither tag can overlap the other, the non-greedy ``re.sub`` scan is a two-state
    machine whose state after each tag is that tag's kind: a character is inside a block iff the last tag at or
@@ -51,8 +51,10 @@ max/min/sum or a gather/scatter over ``[C]``):
    ``is``/connector skip, the ``_LETTER`` letter, the ``_PRONOUN`` and lower-case-article rules, and the
    ``_LONE`` rule (first non-wrapper is a letter and nothing but closers follows it).
 5. *Alternatives* (``_ALTERNATIVE`` chained): each position's link to the next alternative letter is computed
-   in parallel; "the chain names two different letters" is an OR over the chain of "this link's letter
-   differs from the previous one", evaluated by pointer doubling (``ceil(log2(C))`` rounds of two gathers).
+   in parallel; "the chain names two different letters" is "some link's letter differs from the previous
+   one". Links after the first start at the positions right after a single letter, consecutively (no such
+   position lies inside a link), so the chain ends at the first such position whose link fails, and the
+   differing links before it are counted with a cumsum.
 6. *Outcome*: keyword hits if any, else lone hits; min == max letter over hits, no alternatives -> one
    candidate; reason by :data:`REASON_CODES`.
 """
@@ -60,7 +62,6 @@ max/min/sum or a gather/scatter over ``[C]``):
 from __future__ import annotations
 
 import functools
-import math
 import re
 import string
 from typing import NamedTuple
@@ -121,6 +122,8 @@ _REPLACEMENT_CHAR = 0xFFFD  # class of every byte that is not valid UTF-8
 (_SPACE, _BREAK, _WORD, _LEAD, _LETTER_OPEN, _LONE_CLOSE, _ALT_CLOSE, _ALT_OPEN, _ALPHA, _ALNUM, _LOWER,
  _IALPHA, _IALNUM, _KEYWORD_CONN, _STATE_CONN, _ALT_SEP, _MARKUP) = (1 << b for b in range(17))
 _FOLD_SHIFT, _UPPER_SHIFT, _FIELD_MASK = 20, 25, 31
+# Code point -> class is a two-level table: blocks of 2**_BLOCK_BITS code points, identical blocks shared.
+_BLOCK_BITS = 8
 _UPPER_NON_ASCII = len(MENU_LETTERS) + 1
 # Positions past the text, appended to every working array: room for the longest shifted lookahead.
 _PAD = 16
@@ -131,11 +134,11 @@ assert _LONGEST_WORD + 2 <= _PAD
 class _CharTables(NamedTuple):
     """Host-side (numpy) class tables, built once per process by :func:`_char_tables`."""
 
-    flags: np.ndarray       # int32[K]: packed flags of each class id
-    run_starts: np.ndarray  # int32[R]: first code point (>= 128) of each run of one class, ascending
-    run_class: np.ndarray   # int32[R]: class id of each run
-    invalid: int            # class id of a byte that is not valid UTF-8 (that of U+FFFD)
-    end: int                # class id of END
+    flags: np.ndarray     # int32[K]: packed flags of each class id
+    block_of: np.ndarray  # uint8[0x110000 >> _BLOCK_BITS]: the block of each code point's high bits
+    blocks: np.ndarray    # uint8[U, 1 << _BLOCK_BITS]: class id of each code point of each distinct block
+    invalid: int          # class id of a byte that is not valid UTF-8 (that of U+FFFD)
+    end: int              # class id of END
 
 
 def _mark(table: np.ndarray, chars: str, bits: int) -> None:
@@ -176,13 +179,21 @@ def _char_tables() -> _CharTables:
         up = ch.upper()
         upper = MENU_LETTERS.index(up) + 1 if len(up) == 1 and up in MENU_LETTERS else _UPPER_NON_ASCII
         flags[m.start()] |= _IALPHA | (folds[0] + 1) << _FOLD_SHIFT | upper << _UPPER_SHIFT
-    non_ascii, class_of = np.unique(flags[128:], return_inverse=True)
-    class_of = class_of.astype(np.int64) + 128
-    change = np.flatnonzero(np.diff(class_of)) + 1
-    run_starts = np.concatenate([[0], change]) + 128
+    # Class ids of the non-ASCII code points: one per distinct flags value (found over runs, for speed).
+    rest = flags[128:]
+    run_starts = np.concatenate([[0], np.flatnonzero(np.diff(rest)) + 1])
+    non_ascii, run_class = np.unique(rest[run_starts], return_inverse=True)
+    run_class = np.repeat(run_class.reshape(-1), np.diff(np.append(run_starts, len(rest))))
+    class_of = np.concatenate([np.arange(128), run_class + 128]).astype(np.uint8)
     class_flags = np.concatenate([flags[:128], non_ascii, [_BREAK]]).astype(np.int32)
-    return _CharTables(class_flags, run_starts.astype(np.int32), class_of[run_starts - 128].astype(np.int32),
-                       int(class_of[_REPLACEMENT_CHAR - 128]), len(class_flags) - 1)
+    distinct: dict[bytes, int] = {}
+    block_of = np.array([distinct.setdefault(row.tobytes(), len(distinct))
+                         for row in class_of.reshape(-1, 1 << _BLOCK_BITS)])
+    blocks = np.frombuffer(b"".join(distinct), np.uint8).reshape(len(distinct), -1)
+    if len(class_flags) > 256 or len(blocks) > 256:
+        raise RuntimeError(f"{len(class_flags)} classes in {len(blocks)} blocks do not fit uint8 tables")
+    return _CharTables(class_flags, block_of.astype(np.uint8), blocks,
+                       int(class_of[_REPLACEMENT_CHAR]), len(class_flags) - 1)
 
 
 # UTF-8 lead bytes (RFC 3629 / Unicode Table 3-7): sequence length, and the allowed range of the 2nd byte.
@@ -213,9 +224,12 @@ def _shift(x: jax.Array, k: int, fill) -> jax.Array:
     return jnp.concatenate([x[k:], pad]) if k > 0 else jnp.concatenate([pad, x[:k]])
 
 
-def _take(x: jax.Array, i: jax.Array) -> jax.Array:
-    """``x[i]`` with ``i`` clamped to the array (the clamped end is END in every working array)."""
-    return x[jnp.clip(i, 0, x.shape[0] - 1)]
+def _gather(i: jax.Array, *arrays: jax.Array) -> list[jax.Array]:
+    """Each array's values at positions ``i``, in one gather of them stacked. ``i`` is clamped to the arrays,
+    whose last position is END in every working array (so reading past the text reads END)."""
+    stacked = jnp.stack([a.astype(jnp.int32) for a in arrays], axis=-1)
+    rows = stacked[jnp.clip(i, 0, stacked.shape[0] - 1)]
+    return [rows[..., k].astype(a.dtype) for k, a in enumerate(arrays)]
 
 
 def _next_true(mask: jax.Array) -> jax.Array:
@@ -290,9 +304,9 @@ def _decode(buf: jax.Array, n: jax.Array, tables: _CharTables) -> tuple[jax.Arra
     cp = jnp.select([length == 2, length == 3, length == 4],
                     [(b0 & 0x1F) << 6 | c1, (b0 & 0x0F) << 12 | c1 << 6 | c2,
                      (b0 & 0x07) << 18 | c1 << 12 | c2 << 6 | c3], b0)
-    run = jnp.searchsorted(jnp.asarray(tables.run_starts), cp, side="right", method="scan_unrolled") - 1
-    cls = jnp.where(b0 < 0x80, b0,
-                    jnp.where(valid, jnp.asarray(tables.run_class)[jnp.maximum(run, 0)], tables.invalid))
+    cp = jnp.where(valid, cp, _REPLACEMENT_CHAR)  # in range for the table
+    block = jnp.asarray(tables.block_of)[cp >> _BLOCK_BITS].astype(jnp.int32)
+    cls = jnp.asarray(tables.blocks)[block, cp & ((1 << _BLOCK_BITS) - 1)].astype(jnp.int32)
     covered = jnp.zeros(size, bool)
     for k in (1, 2, 3):
         covered |= _shift(valid & (length > k), -k, False)
@@ -305,9 +319,9 @@ def _strip_think_and_markup(ch: _Chars, count: jax.Array, end: int) -> tuple[jax
     idx = jnp.arange(size, dtype=jnp.int32)
     opens, closes = ch.match(_THINK_OPEN), ch.match(_THINK_CLOSE)
     last_tag = _prev_true(opens | closes)
-    tag_before = _shift(last_tag, -1, -1)  # the last tag strictly before p
-    inside = (last_tag >= 0) & _take(opens, last_tag)
-    opened_before = (tag_before >= 0) & _take(opens, tag_before)
+    (last_opens,) = _gather(last_tag, opens)
+    inside = (last_tag >= 0) & last_opens        # the last tag at or before p opens
+    opened_before = _shift(inside, -1, False)    # the last tag strictly before p opens
     closed_later = _next_true(closes) < size
     block_start = opens & ~opened_before & closed_later
     last_close = _prev_true(closes & opened_before)  # closing tags that end a block
@@ -319,89 +333,109 @@ def _strip_think_and_markup(ch: _Chars, count: jax.Array, end: int) -> tuple[jax
     return _compact((idx < count) & ~removed & ~markup, cls, end)
 
 
-def _alternatives(ch: _Chars, nonspace: jax.Array, word_char: jax.Array, brk: jax.Array) -> jax.Array:
+def _alternatives(ch: _Chars, nonspace: jax.Array, brk: jax.Array) -> jax.Array:
     """bool[p]: the ``_ALTERNATIVE`` chain starting right after a letter at p - 1 names a letter whose
     ``upper()`` differs from its predecessor's (i.e. the letters after the keyword are not all one)."""
     size = ch.cls.shape[0]
+    # A link from p: closers, a separator at s (a symbol, or "or" / "and" with \b on both sides), \s*,
+    # openers, a (?i) letter at v that no (?i) letter or digit follows.
+    boundary = ~_shift(ch.has(_WORD), -1, False)
+    sep_len = jnp.where(ch.has(_ALT_SEP), 1, 0)
+    for w in _ALT_WORDS:
+        sep_len = jnp.where(ch.word(w) & boundary, len(w), sep_len)
+    after_sep = jnp.zeros(size, jnp.int32)
+    for k in sorted({1, *map(len, _ALT_WORDS)}):
+        after_sep = jnp.where(sep_len == k, _shift(nonspace, k, size), after_sep)
     s = _next_true(~ch.has(_ALT_CLOSE) | brk)
-    boundary_before = ~_take(word_char, s - 1)
-    or_word, and_word = (_take(ch.word(w), s) & boundary_before for w in _ALT_WORDS)
-    symbol = _take(ch.has(_ALT_SEP), s)
-    sep_end = jnp.where(symbol, s + 1, jnp.where(or_word, s + len(_ALT_WORDS[0]), s + len(_ALT_WORDS[1])))
-    u = _take(nonspace, sep_end)
-    v = _take(_next_true(~ch.has(_ALT_OPEN)), u)
-    link = ((symbol | or_word | and_word) & _take(ch.has(_IALPHA), v) & ~_take(ch.has(_IALNUM), v + 1))
-    nxt = jnp.where(link, v + 1, size - 1)  # size - 1 is END: no link from it, a fixed point
-    differs = link & (_take(ch.upper, v) != _take(ch.upper, jnp.arange(size) - 1))
-    for _ in range(max(1, math.ceil(math.log2(size)))):
-        differs |= differs[nxt]
-        nxt = nxt[nxt]
-    return differs
+    s_len, u = _gather(s, sep_len, after_sep)
+    (v,) = _gather(u, _next_true(~ch.has(_ALT_OPEN)))
+    v_ok, v_upper = _gather(v, ch.has(_IALPHA) & ~_shift(ch.has(_IALNUM), 1, False), ch.upper)
+    link = (s_len > 0) & v_ok
+    differs = link & (v_upper != _shift(ch.upper, -1, -1))
+    # Every link after the first starts right after a single (?i) letter: one not preceded by a letter and
+    # followed by no (?i) letter or digit. Inside a link there is no such position (its only letters are
+    # those of "or" / "and", preceded or followed by letters), so from such a node the chain visits the
+    # consecutive nodes up to the first whose link fails.
+    letter = ch.has(_IALPHA)
+    node = _shift(letter, -1, False) & ~_shift(letter, -2, False) & ~ch.has(_IALNUM)
+    counted = node & differs
+    before = jnp.cumsum(counted, dtype=jnp.int32) - counted  # differing nodes before p
+    (at_stop,) = _gather(_next_true(node & ~link), before)
+    (from_next,) = _gather(v + 1, at_stop - before)           # differing nodes from the next node on
+    return differs | (link & (from_next > 0))
 
 
 def _parse_chars(ch: _Chars) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Lines of the stripped text -> (any candidate, one letter or the least, several letters)."""
     size = ch.cls.shape[0]
-    idx = jnp.arange(size, dtype=jnp.int32)
-    space, brk, word_char = ch.has(_SPACE), ch.has(_BREAK), ch.has(_WORD)
+    space, brk = ch.has(_SPACE), ch.has(_BREAK)
     nonspace = _next_true(~space | brk)              # next non-space, or the line's end
     line_end = _next_true(brk)
     content = ~ch.has(_LEAD) & ~brk                 # may start a line's content (after _LEAD's marks)
     before = _shift(_prev_true(content | brk), -1, -1)
-    start = content & ((before < 0) | _take(brk, before))  # each non-empty line's content start
+    (brk_before,) = _gather(before, brk)
+    start = content & ((before < 0) | brk_before)  # each non-empty line's content start
 
     # _STATE: (?i)^state\s*[:=\-]
-    is_state = ch.match(_STATE_WORD) & _take(ch.has(_STATE_CONN), _take(nonspace, idx + len(_STATE_WORD)))
+    (state_conn,) = _gather(_shift(nonspace, len(_STATE_WORD), size), ch.has(_STATE_CONN))
+    is_state = ch.match(_STATE_WORD) & state_conn
 
-    # _KEYWORD.search: the leftmost keyword with \b on both sides; then \s* (\bis\b)? \s* connector? \s*.
-    word_start = ~_shift(word_char, -1, False)
+    # _KEYWORD.search: the leftmost keyword with \b on both sides (at q); rest starts after \s*, then
+    # (\bis\b)? \s*, then a connector? \s*. Evaluated for a keyword at every p, then taken at q.
+    word_start = ~_shift(ch.has(_WORD), -1, False)
     kw_len = jnp.zeros(size, jnp.int32)
     for kw in _KEYWORDS:
         kw_len = jnp.where(ch.word(kw) & word_start, len(kw), kw_len)
-    q = _next_true(kw_len > 0)
-    has_kw = q < line_end
-    r = _take(nonspace, q + _take(kw_len, q))
-    r = jnp.where(_take(ch.word(_KEYWORD_IS), r), _take(nonspace, r + len(_KEYWORD_IS)), r)
-    r = jnp.where(_take(ch.has(_KEYWORD_CONN), r), _take(nonspace, r + 1), r)
+    r = jnp.zeros(size, jnp.int32)
+    for k in sorted(set(map(len, _KEYWORDS))):
+        r = jnp.where(kw_len == k, _shift(nonspace, k, size), r)
+    conn = ch.has(_KEYWORD_CONN)
+    nonspace1 = _shift(nonspace, 1, size)
+    first_letter = _next_true(~ch.has(_LETTER_OPEN) | brk)  # _LETTER's openers skipped
+    is_word, r_conn, r_ns1, r_ns_is, r_letter = _gather(
+        r, ch.word(_KEYWORD_IS), conn, nonspace1, _shift(nonspace, len(_KEYWORD_IS), size), first_letter)
+    s_conn, s_ns1, s_letter = _gather(r_ns_is, conn, nonspace1, first_letter)
+    r_conn, r_ns1, r_letter = (jnp.where(is_word, b, a) for a, b in
+                               ((r_conn, s_conn), (r_ns1, s_ns1), (r_letter, s_letter)))
+    (t_letter,) = _gather(r_ns1, first_letter)
+    l = jnp.where(r_conn, t_letter, r_letter)  # noqa: E741  (the letter's position)
 
-    # _LETTER on rest: openers, an ASCII letter, no ASCII letter/digit after it.
-    first_letter = _next_true(~ch.has(_LETTER_OPEN) | brk)
-    l = _take(first_letter, r)  # noqa: E741
-    after = l + 1
-    found = has_kw & _take(ch.has(_ALPHA), l) & ~_take(ch.has(_ALNUM), after)
+    # Facts about what follows a letter at p - 1 (so they are read at l + 1).
     spaced = space & ~brk                            # \s+ inside the line
-    # _PRONOUN after the letter I.
     contraction = jnp.zeros(size, bool)
     for c in _PRONOUN_CONTRACTIONS:
         contraction |= _shift(ch.word(c), 1, False)
     verb = jnp.zeros(size, bool)
     for v in _PRONOUN_VERBS:
         verb |= ch.word(v)
-    pronoun_after = ((ch.cls == ord(_PRONOUN_APOSTROPHE)) & contraction) | (spaced & _take(verb, nonspace))
-    pronoun = (_take(ch.cls, l) == ord(_PRONOUN_LETTER)) & _take(pronoun_after, after)
-    # The article rule: a lower-case letter, then \s+ and a letter or digit, which is not "or" / "and".
     or_and = ch.word(_ALT_WORDS[0]) | ch.word(_ALT_WORDS[1])
-    article_after = spaced & _take(ch.has(_ALNUM) & ~or_and, nonspace)
-    article = _take(ch.has(_LOWER), l) & _take(article_after, after)
-    found &= ~pronoun & ~article
-    alternatives = _take(_alternatives(ch, nonspace, word_char, brk), after)
-    letter = _take(ch.fold, l) - 1
+    next_verb, next_article = _gather(nonspace, verb, ch.has(_ALNUM) & ~or_and)
+    pronoun_after = ((ch.cls == ord(_PRONOUN_APOSTROPHE)) & contraction) | (spaced & next_verb)
+    article_after = spaced & next_article            # \s+ then a letter or digit, not "or" / "and"
+    alternatives = _alternatives(ch, nonspace, brk)
+    l_cls, l_packed, l_alnum_after, l_pronoun, l_article, l_alt = _gather(
+        l, ch.cls, ch.packed, *(_shift(x, 1, False) for x in
+                                (ch.has(_ALNUM), pronoun_after, article_after, alternatives)))
+    has = lambda packed, bits: (packed & bits) != 0  # noqa: E731
+    found = has(l_packed, _ALPHA) & ~l_alnum_after
+    found &= ~((l_cls == ord(_PRONOUN_LETTER)) & l_pronoun) & ~(has(l_packed, _LOWER) & l_article)
+    letter = ((l_packed >> _FOLD_SHIFT) & _FIELD_MASK) - 1
+    q = _next_true(kw_len > 0)
+    q_found, q_alt, q_letter = _gather(q, found, l_alt, letter)
+    keyword_hit = start & ~is_state & (q < line_end) & q_found
 
     # _LONE: openers, an ASCII letter, then only closers to the end of the line.
-    l1 = _take(first_letter, idx)
-    lone = (_take(ch.has(_ALPHA), l1)
-            & (_take(_next_true(~ch.has(_LONE_CLOSE) | brk), l1 + 1) == _take(line_end, l1)))
-    lone_letter = _take(ch.fold, l1) - 1
+    lone_packed, lone_rest = _gather(first_letter, ch.packed,
+                                     _shift(_next_true(~ch.has(_LONE_CLOSE) | brk), 1, size))
+    lone_hit = start & ~is_state & ~keyword_hit & has(lone_packed, _ALPHA) & (lone_rest == line_end)
+    lone_letter = ((lone_packed >> _FOLD_SHIFT) & _FIELD_MASK) - 1
 
-    keyword_hit = start & ~is_state & found
-    lone_hit = start & ~is_state & ~keyword_hit & lone
     use_keywords = jnp.any(keyword_hit)
     hit = jnp.where(use_keywords, keyword_hit, lone_hit)
-    letter = jnp.where(use_keywords, letter, lone_letter)
-    big = len(MENU_LETTERS)
-    lo = jnp.min(jnp.where(hit, letter, big))
+    letter = jnp.where(use_keywords, q_letter, lone_letter)
+    lo = jnp.min(jnp.where(hit, letter, len(MENU_LETTERS)))
     hi = jnp.max(jnp.where(hit, letter, -1))
-    several = (lo != hi) | jnp.any(hit & alternatives & use_keywords)
+    several = (lo != hi) | jnp.any(keyword_hit & q_alt)
     return jnp.any(hit), lo, several
 
 

@@ -5,6 +5,7 @@ one of parse_tokens on [TOKEN_BATCH, TOKENS] token rows, each compiled once for 
 """
 
 import random
+import re
 import string
 
 import jax
@@ -84,7 +85,9 @@ LETTERS = list("ABCDEIZabcdiz") + ["", "AB", "1", "I", "I", "Q"]
 CLOSERS = ["", "", ")", "]", "}", '"', "'", ">", ".", ":", "_", ")", "**", "`", ").", "1", "x", " "]
 TAILS = ["", "", " or C", " or b", ", C", ", B", "/C", "/b", " | D", " & A", " and B", " and the", " or", " orC",
          " clean dirt", " think so", "'ll go", "'m", "'d", "'ve", "'s", " go", " goes", " am", " can", " must",
-         " (C)", ") B", ". Because.", " - go", " 2", ") or (C)", " or \"D\"", " or, C", "/ [c]", " ,C", " oR c"]
+         " (C)", ") B", ". Because.", " - go", " 2", ") or (C)", " or \"D\"", " or, C", "/ [c]", " ,C", " oR c",
+         " or B or C", " or b or B", "/B/B", "/B/C", ", B, B", ", b, c", " or or C", " and, C", " and/or C",
+         " or (B) or [C]", " | B | b", " or C or", "/b/", " or B, C", "/ or C", " or 'C' or"]
 BREAKS = ["\n", "\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\n\n", "\n  \n"]
 
 
@@ -328,6 +331,25 @@ def test_unicode_rules():
     texts = [t.encode("utf-8") if isinstance(t, str) else t for t, _ in cases]
     assert [host(t, 26) for t in texts] == [want for _, want in cases]
     assert_agree(texts, [26] * len(texts))
+
+
+def test_character_classes_follow_python():
+    """The code point -> class table against str / re predicates, on Latin-1, General Punctuation, the
+    confusable letters and a random sample of all code points."""
+    tables = pd._char_tables()
+    rng = np.random.default_rng(7)
+    cps = sorted({*range(0x100), *range(0x2000, 0x2070), 0x1680, 0x3000, 0x130, 0x131, 0x17F, 0x212A, 0xFFFD,
+                  *rng.integers(0, 0x110000, 20000).tolist()})
+    for cp in cps:
+        ch = chr(cp)
+        flags = int(tables.flags[tables.blocks[tables.block_of[cp >> pd._BLOCK_BITS], cp & 0xFF]])
+        folds = [k + 1 for k, low in enumerate(string.ascii_lowercase) if re.fullmatch("(?i)" + low, ch)]
+        assert bool(flags & pd._SPACE) == ch.isspace(), hex(cp)
+        assert bool(flags & pd._WORD) == (ch.isalnum() or ch == "_"), hex(cp)
+        assert bool(flags & pd._BREAK) == (len(("a" + ch + "b").splitlines()) == 2), hex(cp)
+        assert (flags >> pd._FOLD_SHIFT) & pd._FIELD_MASK == (folds[0] if folds else 0), hex(cp)
+        assert bool(flags & pd._KEYWORD_CONN) == (ch in pd._KEYWORD_CONNECTORS), hex(cp)
+    assert tables.flags[tables.end] == pd._BREAK
 
 
 def test_parse_rejects_bad_arguments():
