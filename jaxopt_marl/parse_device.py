@@ -11,10 +11,11 @@ The rollout samples each agent's response inside one jitted program, so the resp
 Everything is static-shaped, jittable and vmappable, with no host callback and no loop over characters.
 
 **Exactness.** For every byte string ``b`` with ``len(b) <= C`` and ``0 <= n_letters <= 26``,
-``parse(b, len(b), n_letters)`` equals ``parse_response(b.decode("utf-8", "replace"), ascii_uppercase[:n_letters])``
-in reason and letter index. This covers every ASCII text (the contract) and every non-ASCII one too: the
-Unicode facts the host regexes depend on are tabulated, at first use, from the running Python's own ``re``
-and ``str`` (so they follow its Unicode database):
+``parse(b, len(b), n_letters)`` equals, in reason and letter index,
+``parse_response(b.decode("utf-8", "replace"), string.ascii_uppercase[:n_letters])``. This covers every
+ASCII text (the contract) and every non-ASCII one too: the Unicode facts the host regexes depend on are
+tabulated, at first use, from the running Python's own ``re`` and ``str`` (so they follow its Unicode
+database):
 
 - ``\\s`` / ``str.strip`` (``re`` runs of ``\\s``: ASCII ``\\t\\n\\v\\f\\r\\x1c-\\x1f`` and space, U+0085,
   U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000);
@@ -30,7 +31,8 @@ Python (and the tokenizer's lossy decode) may fold several of them into one U+FF
 apart (no rule counts repeated non-letters). The only differences left: a host whose decode differs from
 ``bytes.decode("utf-8", "replace")`` beyond U+FFFD counts, a Python whose ``re`` Unicode tables differ from the
 one that built the tables here (they are rebuilt per process, so never in practice), texts longer than the
-buffer (the caller's C), and ``n_letters`` outside 0..26 (clamped).
+buffer (the caller's C), and a negative ``n_letters`` (clamped to 0; above 26 the clamp and the host's slice
+agree).
 
 **How it works** (``C`` = buffer length; every step is elementwise, a shifted comparison, a cumulative
 max/min/sum or a gather/scatter over ``[C]``):
@@ -125,10 +127,9 @@ _FOLD_SHIFT, _UPPER_SHIFT, _FIELD_MASK = 20, 25, 31
 # Code point -> class is a two-level table: blocks of 2**_BLOCK_BITS code points, identical blocks shared.
 _BLOCK_BITS = 8
 _UPPER_NON_ASCII = len(MENU_LETTERS) + 1
-# Positions past the text, appended to every working array: room for the longest shifted lookahead.
+# END positions appended to every working array, so that even a text filling the buffer ends in END (a line
+# end for every rule) and a clamped read past the text reads END.
 _PAD = 16
-_LONGEST_WORD = max(map(len, (_THINK_OPEN, _THINK_CLOSE, _STATE_WORD, *_KEYWORDS, *_PRONOUN_VERBS)))
-assert _LONGEST_WORD + 2 <= _PAD
 
 
 class _CharTables(NamedTuple):
@@ -184,14 +185,16 @@ def _char_tables() -> _CharTables:
     run_starts = np.concatenate([[0], np.flatnonzero(np.diff(rest)) + 1])
     non_ascii, run_class = np.unique(rest[run_starts], return_inverse=True)
     run_class = np.repeat(run_class.reshape(-1), np.diff(np.append(run_starts, len(rest))))
-    class_of = np.concatenate([np.arange(128), run_class + 128]).astype(np.uint8)
     class_flags = np.concatenate([flags[:128], non_ascii, [_BREAK]]).astype(np.int32)
+    if len(class_flags) > 256:
+        raise RuntimeError(f"{len(class_flags)} character classes do not fit the uint8 tables")
+    class_of = np.concatenate([np.arange(128), run_class + 128]).astype(np.uint8)
     distinct: dict[bytes, int] = {}
     block_of = np.array([distinct.setdefault(row.tobytes(), len(distinct))
                          for row in class_of.reshape(-1, 1 << _BLOCK_BITS)])
+    if len(distinct) > 256:
+        raise RuntimeError(f"{len(distinct)} distinct blocks do not fit the uint8 block index")
     blocks = np.frombuffer(b"".join(distinct), np.uint8).reshape(len(distinct), -1)
-    if len(class_flags) > 256 or len(blocks) > 256:
-        raise RuntimeError(f"{len(class_flags)} classes in {len(blocks)} blocks do not fit uint8 tables")
     return _CharTables(class_flags, block_of.astype(np.uint8), blocks,
                        int(class_of[_REPLACEMENT_CHAR]), len(class_flags) - 1)
 
@@ -286,7 +289,7 @@ class _Chars:
 
 
 def _decode(buf: jax.Array, n: jax.Array, tables: _CharTables) -> tuple[jax.Array, jax.Array]:
-    """UTF-8 bytes -> (class ids int32[C] of the characters, END-filled; number of characters)."""
+    """uint8 bytes (valid before ``n``) -> (int32 class ids of the characters, END-filled; their count)."""
     size = buf.shape[0]
     idx = jnp.arange(size, dtype=jnp.int32)
     b0 = jnp.where(idx < n, buf.astype(jnp.int32), 0)  # 0 after n: ASCII, never a continuation byte
@@ -471,9 +474,9 @@ def parse(buf: jax.Array, n: jax.Array, n_letters: jax.Array) -> tuple[jax.Array
     padded = jnp.concatenate([buf, jnp.zeros(_PAD, jnp.uint8)])
     n = jnp.clip(n.astype(jnp.int32), 0, buf.shape[0])
     cls, count = _decode(padded, n, tables)
-    idx = jnp.arange(cls.shape[0], dtype=jnp.int32)
-    empty = ~jnp.any((idx < count) & ((flags_table[cls] & _SPACE) == 0))
-    cls, _ = _strip_think_and_markup(_Chars(cls, flags_table), count, tables.end)
+    chars = _Chars(cls, flags_table)
+    empty = ~jnp.any((jnp.arange(cls.shape[0]) < count) & ~chars.has(_SPACE))  # not text.strip()
+    cls, _ = _strip_think_and_markup(chars, count, tables.end)
     any_hit, letter, several = _parse_chars(_Chars(cls, flags_table))
     n_letters = jnp.clip(n_letters.astype(jnp.int32), 0, len(MENU_LETTERS))
     reason = jnp.select([empty, ~any_hit, several, letter >= n_letters],
@@ -493,7 +496,8 @@ def _byte_level_alphabet() -> dict[str, int]:
     Printable Latin-1 bytes (``!``..``~``, ``¡``..``¬``, ``®``..``ÿ``) stand for themselves; the other 68
     bytes, in increasing order, take the characters U+0100, U+0101, ...
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
     table = {chr(b): b for b in printable}
     table.update({chr(256 + k): b for k, b in enumerate(others)})

@@ -77,7 +77,8 @@ FRAGMENTS = ["choice", "Choice", "CHOICE", "answer", "final answer", "my choice 
              "because", "so"]
 LEADS = ["", "", "- ", "> ", "### ", "+ ", "  ", "**", "`", "-", "#", "\t"]
 KEYWORDS = ["choice", "Choice", "CHOICE", "answer", "Answer", "final answer", "Final Answer", "my choice",
-            "My choice is", "option", "action", "selection", "choices", "achoice", "choice_", "state", "finalchoice"]
+            "My choice is", "option", "action", "selection", "choices", "achoice", "choice_", "state",
+            "finalchoice"]
 CONNECTORS = ["", ":", ": ", " : ", "=", " = ", " - ", "-", " is ", " is: ", "is", " island ", ":**", "** :",
               "::", " -- "]
 OPENERS = ["", "", "(", "[", "{", '"', "'", "<", "_", "( ", "**", "`", "__", "[\"", "(("]
@@ -87,7 +88,8 @@ TAILS = ["", "", " or C", " or b", ", C", ", B", "/C", "/b", " | D", " & A", " a
          " clean dirt", " think so", "'ll go", "'m", "'d", "'ve", "'s", " go", " goes", " am", " can", " must",
          " (C)", ") B", ". Because.", " - go", " 2", ") or (C)", " or \"D\"", " or, C", "/ [c]", " ,C", " oR c",
          " or B or C", " or b or B", "/B/B", "/B/C", ", B, B", ", b, c", " or or C", " and, C", " and/or C",
-         " or (B) or [C]", " | B | b", " or C or", "/b/", " or B, C", "/ or C", " or 'C' or"]
+         " or (B) or [C]", " | B | b", " or C or", "/b/", " or B, C", "/ or C", " or 'C' or", " or B or B or C",
+         " and b and B or C", ", B or B, C", " or B/B or c", " or b or b or b"]
 BREAKS = ["\n", "\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\n\n", "\n  \n"]
 
 
@@ -197,8 +199,9 @@ def test_rule_constants_mirror_host_regexes():
     assert {c for c in ascii_chars if parsing._ALTERNATIVE.match(c + "B")} == set(pd._ALT_SEPARATORS)
     assert {c for c in ascii_chars if parsing._STATE.match("state" + c)} == set(pd._STATE_CONNECTORS)
     dashes = ["\u2012", "\u2013", "\u2014", "\u2015", "\u2212"]
-    assert {c for c in ascii_chars + dashes if (m := parsing._KEYWORD.match("choice" + c + "B")) and m["rest"] == "B"
-            } == set(pd._KEYWORD_CONNECTORS) | space
+    connectors = {c for c in ascii_chars + dashes
+                  if (m := parsing._KEYWORD.match("choice" + c + "B")) and m["rest"] == "B"}
+    assert connectors == set(pd._KEYWORD_CONNECTORS) | space
     assert {c for c in ascii_chars if parsing._MARKUP.fullmatch(c)} == set(pd._MARKUP_CHARS)
     assert parsing._MARKUP.fullmatch(pd._MARKUP_RUN * 2) and not parsing._MARKUP.fullmatch(pd._MARKUP_RUN)
     for kw in pd._KEYWORDS:
@@ -215,8 +218,12 @@ def test_rule_constants_mirror_host_regexes():
     assert parsing._STATE.match(pd._STATE_WORD + ": x")
     # The regexes name nothing the module does not declare (a new verb or keyword fails here).
     assert all(v in parsing._PRONOUN.pattern for v in pd._PRONOUN_VERBS)
-    assert parsing._PRONOUN.pattern.count("|") == len(pd._PRONOUN_VERBS) - 1 + len(pd._PRONOUN_CONTRACTIONS)
-    assert parsing._KEYWORD.pattern.count("|") == len(pd._KEYWORDS) - 1 + 1
+    # Alternations: the verbs, the contractions, and the one between the two forms.
+    alternations = (len(pd._PRONOUN_VERBS) - 1) + (len(pd._PRONOUN_CONTRACTIONS) - 1) + 1
+    assert parsing._PRONOUN.pattern.count("|") == alternations
+    # The keywords, and final|my.
+    assert all(kw in parsing._KEYWORD.pattern for kw in pd._KEYWORDS)
+    assert parsing._KEYWORD.pattern.count("|") == (len(pd._KEYWORDS) - 1) + 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -288,10 +295,12 @@ def test_edge_cases():
     # n = 0, whitespace only (incl. Unicode spaces and breaks), think blocks only.
     texts = ["", " ", "\n\r\t\x0b\x0c\x1c\x1d\x1e\x1f", "\u00a0\u2028\x85 \u3000", "<think>choice: A</think>",
              "<think>x</think> \n", "*", "__", "choice: <think>\n</think>B", "choice: B<think>", "\x00",
-             "B" * WIDTH, ("choice: A or " * 40)[:WIDTH], "a" * (WIDTH - 1) + "\n"]
+             "B" * WIDTH, ("choice: A or " * 40)[:WIDTH], "a" * (WIDTH - 1) + "\n", "choice: B or B or B or C",
+             "choice: B and b or B and b", "choice: " + "B or " * 30 + "C", "choice: " + "B or " * 30 + "B"]
     expected = assert_agree(texts, [4] * len(texts))
     assert expected[:4] == [(pd.REASON_EMPTY, -1)] * 4
     assert expected[4] == (pd.REASON_NO_CHOICE, -1)
+    assert expected[-4:] == [(pd.REASON_MULTIPLE_CHOICES, -1), (0, 1), (pd.REASON_MULTIPLE_CHOICES, -1), (0, 1)]
     # Bytes at or after n are ignored; n is clamped to 0..WIDTH.
     text = b"choice: B\nchoice: C".ljust(WIDTH, b"Z")
     ns = [9, 10, 19, 0, -5, WIDTH, WIDTH + 500]
