@@ -124,6 +124,7 @@ _REPLACEMENT_CHAR = 0xFFFD  # class of every byte that is not valid UTF-8
 (_SPACE, _BREAK, _WORD, _LEAD, _LETTER_OPEN, _LONE_CLOSE, _ALT_CLOSE, _ALT_OPEN, _ALPHA, _ALNUM, _LOWER,
  _IALPHA, _IALNUM, _KEYWORD_CONN, _STATE_CONN, _ALT_SEP, _MARKUP) = (1 << b for b in range(17))
 _FOLD_SHIFT, _UPPER_SHIFT, _FIELD_MASK = 20, 25, 31
+_FOLD_BITS, _WINDOW = 5, 6  # letters packed per int32 word window (6 * 5 bits)
 # Code point -> class is a two-level table: blocks of 2**_BLOCK_BITS code points, identical blocks shared.
 _BLOCK_BITS = 8
 _UPPER_NON_ASCII = len(MENU_LETTERS) + 1
@@ -256,6 +257,11 @@ def _compact(keep: jax.Array, values: jax.Array, fill: int) -> tuple[jax.Array, 
     return out, jnp.sum(keep, dtype=jnp.int32)
 
 
+def _fold_code(letter: str) -> int:
+    """The fold field of an ASCII letter (1..26 for a..z, either case)."""
+    return string.ascii_lowercase.index(letter.lower()) + 1
+
+
 class _Chars:
     """A class-id row padded with END, with its packed flags unpacked on demand."""
 
@@ -264,6 +270,9 @@ class _Chars:
         self.packed = flags_table[cls]
         self.fold = (self.packed >> _FOLD_SHIFT) & _FIELD_MASK
         self.upper = ((self.packed >> _UPPER_SHIFT) & _FIELD_MASK) - 1
+        # The (?i) letters at p .. p + _WINDOW - 1, _FOLD_BITS bits each: one compare matches a word.
+        self.window = functools.reduce(
+            jnp.bitwise_or, (_shift(self.fold, k, 0) << (_FOLD_BITS * k) for k in range(_WINDOW)))
 
     def has(self, bits: int) -> jax.Array:
         return (self.packed & bits) != 0
@@ -271,9 +280,15 @@ class _Chars:
     def match(self, word: str) -> jax.Array:
         """bool: ``word`` starts at p, case-insensitively (letters by their ``(?i)`` fold)."""
         hit = jnp.ones(self.cls.shape, bool)
+        if word.isalpha():
+            for start in range(0, len(word), _WINDOW):
+                part = word[start:start + _WINDOW]
+                code = sum(_fold_code(c) << (_FOLD_BITS * k) for k, c in enumerate(part))
+                hit &= (_shift(self.window, start, 0) & ((1 << (_FOLD_BITS * len(part))) - 1)) == code
+            return hit
         for k, ch in enumerate(word):
             if ch.isalpha():
-                hit &= _shift(self.fold, k, 0) == string.ascii_lowercase.index(ch.lower()) + 1
+                hit &= _shift(self.fold, k, 0) == _fold_code(ch)
             else:
                 hit &= _shift(self.cls, k, -1) == ord(ch)
         return hit
