@@ -224,17 +224,23 @@ class _Fragments:
             return xp.broadcast_to(xp.arange(base, base + r, dtype=np.int32), idx.shape + (r,))
         return base + idx[..., None] * r + xp.arange(r, dtype=np.int32)
 
-    def numbers(self, requests: list[tuple[jax.Array, jax.Array, int]], xp=jnp) -> jax.Array:
+    def number_worst(self, cap: int) -> int:
+        """Most tokens of one number of at most ``cap`` digits."""
+        longest = {k: max(len(self.tokens[s]) for s in _CHUNKS if len(s) == k) for k in range(1, CHUNK_DIGITS + 1)}
+        return sum(longest[min(CHUNK_DIGITS, cap - c)] for c in range(0, cap, CHUNK_DIGITS))
+
+    def numbers(self, requests: list[tuple[jax.Array, jax.Array, int, bool]], xp=jnp) -> jax.Array:
         """Row ids of every number of one suffix in one vectorised pass: ``requests`` = ``(value int32[...] >= 0,
-        present bool[...], cap digits)``; each value's decimal digits in chunks of :data:`CHUNK_DIGITS` from the
-        left (``ceil(cap / CHUNK_DIGITS)`` chunk slots, empty where absent or past the last digit).
+        present bool[...], cap digits, counted in the worst case)``; each value's decimal digits in chunks of
+        :data:`CHUNK_DIGITS` from the left (``ceil(cap / CHUNK_DIGITS)`` chunk slots, empty where absent or past
+        the last digit).
 
         Returns:
             ``int32[M]``: the requests' chunk rows, request by request, each row-major over ``value.shape + (
             chunks,)`` (a chunk is at most 3 tokens, so one row).
         """
-        vals = xp.concatenate([v.reshape(-1) for v, _, _ in requests])
-        pres = xp.concatenate([q.reshape(-1) for _, q, _ in requests])
+        vals = xp.concatenate([r[0].reshape(-1) for r in requests])
+        pres = xp.concatenate([r[1].reshape(-1) for r in requests])
         nd = 1 + xp.sum(vals[:, None] >= xp.asarray(_POW10[1:]), axis=-1, dtype=np.int32)
         start = np.arange(0, INT32_DIGITS, CHUNK_DIGITS, dtype=np.int32)  # [C_max]
         n = xp.clip(nd[:, None] - start, 0, CHUNK_DIGITS)  # [M, C_max] digits of each chunk
@@ -243,13 +249,11 @@ class _Fragments:
         idx = xp.where(pres[:, None] & (n > 0), xp.asarray(_CHUNK_BASE)[n] + val, 0)
         worst = 0
         if self.built:
-            longest = {k: max(len(self.tokens[s]) for s in _CHUNKS if len(s) == k) for k in range(1, CHUNK_DIGITS + 1)}
-            for v, _, cap in requests:
-                per = sum(longest[min(CHUNK_DIGITS, cap - c)] for c in range(0, cap, CHUNK_DIGITS))
-                worst += per * int(np.prod(v.shape, dtype=np.int64))
+            worst = sum(self.number_worst(cap) * int(np.prod(v.shape, dtype=np.int64))
+                        for v, _, cap, counted in requests if counted)
         rows = self.pick(_CHUNKS, idx, worst, xp)[..., 0]  # [M, C_max]
         out, at = [], 0
-        for v, _, cap in requests:
+        for v, _, cap, _ in requests:
             size = int(np.prod(v.shape, dtype=np.int64))
             out.append(rows[at:at + size, :-(-cap // CHUNK_DIGITS)].reshape(-1))
             at += size
@@ -271,17 +275,18 @@ class _Emit:
         self.f, self.xp = frags, xp
         self.out: list[tuple[jax.Array, np.ndarray]] = []
         self.text = ""
-        self.nums: list[tuple[jax.Array, jax.Array, int]] = []
+        self.nums: list[tuple[jax.Array, jax.Array, int, bool]] = []
         self.n_tags = 0
 
     # -- pieces (not written) --
 
-    def p(self, variants, idx) -> tuple[jax.Array, np.ndarray]:
-        """The piece of ``variants[idx]``."""
-        rows = self.f.pick(tuple(variants), idx, xp=self.xp)
+    def p(self, variants, idx, counted: bool = True) -> tuple[jax.Array, np.ndarray]:
+        """The piece of ``variants[idx]`` (``counted``: its longest variant adds to the worst case; else the
+        caller accounts for it)."""
+        rows = self.f.pick(tuple(variants), idx, None if counted else 0, self.xp)
         return rows, np.zeros(rows.shape, np.int64)
 
-    def n(self, value, cap: int, present=True) -> tuple[jax.Array, np.ndarray]:
+    def n(self, value, cap: int, present=True, counted: bool = True) -> tuple[jax.Array, np.ndarray]:
         """The piece of number ``value`` (``int32[...]`` >= 0, at most ``cap`` digits), absent where not
         ``present``."""
         v = self.xp.asarray(value, np.int32)
@@ -289,7 +294,7 @@ class _Emit:
         size = int(np.prod(shape, dtype=np.int64))
         tags = np.arange(self.n_tags + 1, self.n_tags + 1 + size, dtype=np.int64).reshape(shape)
         self.n_tags += size
-        self.nums.append((v, self.xp.broadcast_to(self.xp.asarray(present, bool), v.shape), cap))
+        self.nums.append((v, self.xp.broadcast_to(self.xp.asarray(present, bool), v.shape), cap, counted))
         return self.xp.zeros(shape, np.int32), tags
 
     def opt(self, s: str, present) -> tuple[jax.Array, np.ndarray]:
@@ -362,9 +367,11 @@ class PromptIds:
 
     Attributes:
         prefix_text, prefix_ids: the rendered system turn LLMPolicy strips and caches.
-        max_len: static suffix length bound: the sum over slots of each slot's longest fragment (numbers at
-            their digit capacity), or the caller's larger value.
-        worst_len: that worst case.
+        max_len: static suffix length bound: the worst case ``worst_len``, or the caller's larger value.
+        worst_len: the sum over the template's slots of each slot at its maximum: its longest fragment, numbers
+            at their digit capacity (step and team values: int32, 10 digits; coordinates, distances, counts
+            and agent ids: the digits of their largest value on this map / library), a menu line at its
+            longest option (:meth:`_line_worst`), every list entry present.
         letter_ids: ``int32[26]`` token of ``" A"`` .. ``" Z"``.
         pad_id: the left-padding token (the tokenizer's pad token, else 0).
 
@@ -457,6 +464,7 @@ class PromptIds:
                 body = " " + o.label if (raw or not f) else lits[len(f)]
                 tails += [body + "\n", body + "\n\nChoose"]
         self._tail_table = tuple(tails)
+        self._letter_table = ("",) + tuple(f"{c})" for c in menus.LETTERS)
         if self.family == "overcooked":
             info = lib.info
             h, w = info.height, info.width
@@ -594,7 +602,7 @@ class PromptIds:
             ready, cooking = f["pot_ready"][i], f["pot_cooking"][i]
             idle = ~ready & ~cooking
             e.pick((" ready", " cooking", " "), xp.where(ready, 0, xp.where(cooking, 1, 2)))
-            e.num(f["pot_onions"][i], 1, idle)
+            e.num(f["pot_onions"][i], 1, idle)  # 0..3: two bits of the pot's item code
             e.pick(("", "/3 onions"), idle)
             for who, sep in ((0, "; you:"), (1, " | partner:")):
                 d = f["pot_d"][i, who]
@@ -635,15 +643,16 @@ class PromptIds:
         opt = xp.clip(opt, 0, len(self.lib.options) - 1)
         nf = xp.asarray(self._opt_nf)[opt]
         raw = (nf == 0) | (tgt[:, 0] < 0)
-        cols = [e.p(("",) + tuple(f"{c})" for c in menus.LETTERS),
-                                xp.where(on, 1 + xp.clip(letter, 0, MAX_MENU_LINES - 1), 0))]
+        cols = [e.p(self._letter_table, xp.where(on, 1 + xp.clip(letter, 0, MAX_MENU_LINES - 1), 0), False)]
         for i in range(self._n_fields):
             has = on & ~raw & (nf > i)
             value = xp.where(xp.asarray(self._opt_is_x)[opt, i], tgt[:, 1], tgt[:, 0])
-            cols.append(e.p(self._lit_tables[i], xp.where(has, 1 + opt, 0)))
-            cols.append(e.n(xp.maximum(value, 0), self._cap_xy, has))
+            cols.append(e.p(self._lit_tables[i], xp.where(has, 1 + opt, 0), False))
+            cols.append(e.n(xp.maximum(value, 0), self._cap_xy, has, False))
         is_last = xp.arange(on.shape[0]) == n_lines - 1
-        cols.append(e.p(self._tail_table, xp.where(on, 1 + opt * 4 + raw * 2 + is_last, 0)))
+        cols.append(e.p(self._tail_table, xp.where(on, 1 + opt * 4 + raw * 2 + is_last, 0), False))
+        if self.frags.built:
+            self.frags.worst += on.shape[0] * self._line_worst()
         e.entries(*cols)
         e.lit(" one. Reply with exactly two lines." + self._user_post)
         if self.mode == "choice_only":
@@ -651,6 +660,18 @@ class PromptIds:
             e.lit(head.rstrip(" "))
             e.pick([" " + lab for lab in prompts.STATE_LABELS[self.family]], f["label"])
             e.lit(tail)
+
+    def _line_worst(self) -> int:
+        """Most tokens of one menu line: the longest option, written with its fields or raw (target -1)."""
+        toks = self.frags.tokens
+        letter = max(len(toks[s]) for s in self._letter_table)
+        best = 0
+        for o, k in enumerate(self._opt_nf):
+            tail = lambda raw: max(len(toks[self._tail_table[1 + o * 4 + raw * 2 + last]]) for last in (0, 1))
+            fielded = sum(len(toks[self._lit_tables[i][1 + o]]) for i in range(int(k))) \
+                + int(k) * self.frags.number_worst(self._cap_xy) + tail(0)
+            best = max(best, letter + max(fielded, tail(1)))
+        return best
 
     # -- stage 3: assembly ------------------------------------------------------------------------------------
 
@@ -687,9 +708,7 @@ class PromptIds:
     def reference_by_mode(self, env_states, aids, inst, letters, mems: AgentMemory,
                           modes: tuple[str, ...] = MODES) -> dict[str, list[str]]:
         """:meth:`reference_texts` for each of ``modes`` (the user message is rendered once per decision)."""
-        if not hasattr(self, "_snapshot"):
-            self._snapshot = prompts.make_snapshot_fn(self.game, self.env)
-        snap = self._snapshot(env_states)
+        snap = _snapshot_fn(self.game, self.env)(env_states)
         aids = np.asarray(aids)
         opt, tgt, let = (np.asarray(x) for x in (inst.opt, inst.target, letters))
         out = {m: [] for m in modes}
@@ -697,7 +716,8 @@ class PromptIds:
             sb = prompts.take(snap, b)
             a = int(aids[b])
             mem = host_memory(self.lib, jax.tree.map(lambda x: np.asarray(x)[b], mems))
-            user = host_user_message(self.game, self.lib, sb, a, opt[b], tgt[b], let[b], mem, self.max_steps)
+            menu = menus.render_menu(self.lib, opt[b], tgt[b], let[b])
+            user = prompts.user_message(self.game, sb, a, menu, self.max_steps, mem, self.lib)
             full = render_chat(self.tok, [{"role": "system", "content": self.system},
                                           {"role": "user", "content": user}])[len(self.prefix_text):]
             for m in modes:
@@ -745,8 +765,9 @@ class PromptIds:
         tgt = np.where(rng.random((b, n_i, 1)) < 0.1, -1, cells(b, n_i))
         step = big(b)
         team = big(b)
+        edge = np.array([0, 9, 10, 99, 100, 999, 1000, 2**31 - 1])
         f = dict(aid=rng.integers(0, self._n_agents, b).astype(np.int32),
-                 step=np.where(ar < 8, np.array([0, 9, 10, 99, 100, 999, 1000, 2**31 - 1])[ar % 8], step).astype(np.int32),
+                 step=np.where(ar < len(edge), edge[ar % len(edge)], step).astype(np.int32),
                  team=team, diff=big(b, signed=True), macros=codes.astype(np.int32), line_opt=line_opt.astype(np.int32),
                  line_tgt=tgt.astype(np.int32), line_letter=letter,
                  label=(ar % len(prompts.STATE_LABELS[self.family])).astype(np.int32))
@@ -799,6 +820,9 @@ class PromptIds:
         whole = tok(texts, add_special_tokens=False)["input_ids"]
         for seq, text, got in zip(seqs, texts, whole):
             got = list(got)
+            if len(seq) > self.worst_len:
+                raise ValueError(f"{where}: a synthetic suffix of {len(seq)} tokens exceeds the worst case "
+                                 f"{self.worst_len} (internal error)")
             if got != seq:
                 i = next((j for j, (x, y) in enumerate(zip(got, seq)) if x != y), min(len(got), len(seq)))
                 at = len(tok.decode(seq[:i]))
@@ -807,13 +831,25 @@ class PromptIds:
                                  f"string tokenizes as {got[i:i + 4]}")
 
 
-def host_user_message(game: str, lib, snap: dict, aid: int, opt, target, letters, mem: prompts.Memory,
+_SNAPSHOTS: dict[int, tuple] = {}
+
+
+def _snapshot_fn(game: str, env):
+    """:func:`jaxopt_marl.prompts.make_snapshot_fn` of ``env``, built once per env."""
+    if id(env) not in _SNAPSHOTS:
+        _SNAPSHOTS[id(env)] = (env, prompts.make_snapshot_fn(game, env))
+    return _SNAPSHOTS[id(env)][1]
+
+
+def host_user_message(game: str, env, lib, env_state, aid: int, inst, letters, mem: AgentMemory,
                       max_steps: int) -> str:
-    """The host reference user message of one decision: :func:`jaxopt_marl.prompts.user_message` with the menu
-    of ``(opt, target, letters)`` (:func:`jaxopt_marl.menus.render_menu`) and ``mem`` (see
-    :func:`host_memory`); ``snap`` is one env's :func:`jaxopt_marl.prompts.make_snapshot_fn` slice."""
-    menu = menus.render_menu(lib, opt, target, letters)
-    return prompts.user_message(game, snap, int(aid), menu, int(max_steps), mem, lib)
+    """The host reference user message of one decision (one env, unbatched ``env_state``): the text of
+    :func:`jaxopt_marl.prompts.user_message` with the menu of ``inst`` / ``letters``
+    (:func:`jaxopt_marl.menus.render_menu`) and the :class:`jaxopt_marl.prompts.Memory` matching ``mem``
+    (:func:`host_memory`), team values from the state."""
+    snap = prompts.take(_snapshot_fn(game, env)(jax.tree.map(lambda x: jnp.asarray(x)[None], env_state)), 0)
+    menu = menus.render_menu(lib, np.asarray(inst.opt), np.asarray(inst.target), np.asarray(letters))
+    return prompts.user_message(game, snap, int(aid), menu, int(max_steps), host_memory(lib, mem), lib)
 
 
 __all__ = ["CHUNK_DIGITS", "IDLE_CODE", "IDLE_NAME", "INT32_DIGITS", "MAX_MENU_LINES", "MODES", "RESPONSE_PREFIX",
