@@ -14,9 +14,11 @@ Fragment scheme
     number. A number is written as its decimal digits cut into chunks of :data:`CHUNK_DIGITS` from the left
     (``1234567`` -> ``123 456 7``), each chunk looked up in a table of every 1-3 digit string, so numbers of
     any int32 size come out exact (no table limit, no truncation). Absent slots pick the empty fragment.
-    Every fragment was tokenized alone at construction; the suffix is the concatenation of the picked
-    fragments' token ids: each slot's token count, offsets by cumsum, one scatter into a left-padded
-    ``int32[max_len]`` buffer. Long fragments span several rows of :data:`ROW_WIDTH` tokens.
+    Every fragment was tokenized alone at construction and laid out in one row table (a fragment spans
+    ``ceil(tokens / ROW_WIDTH)`` rows); a pick is index arithmetic into it, and the numbers of one suffix are
+    computed in one vectorised pass. The suffix is the concatenation of the picked fragments' token ids:
+    each row's token count, offsets by cumsum, one gather of the rows' tokens and one scatter into a
+    left-padded ``int32[max_len]`` buffer. Static shapes, no host callbacks.
 
 Why concatenation equals tokenizing the whole string
     BPE merges never cross pre-tokens, so it suffices that every fragment boundary is a pre-token boundary
@@ -25,9 +27,10 @@ Why concatenation equals tokenizing the whole string
     GPT-2 ByteLevel regex; also the Qwen2 and Llama-3 regexes of :mod:`lora.tokenizer`):
 
     - next to a digit (digits never join a non-digit piece; digit runs are cut in threes from the left,
-      which is Llama-3's ``\\p{N}{1,3}`` and compatible with one-digit pieces);
+      which is Llama-3's ``\\p{N}{1,3}`` and compatible with one-digit pieces); a single space before a digit
+      is a piece of its own in all three (``"Step " | "4"``);
     - between a letter and a punctuation mark (``North|.``) or a punctuation mark and a space (``:| none``);
-      a space always starts the next fragment (``" ?\\p{L}+"`` attaches it to the next word);
+      otherwise a space starts the next fragment (``" ?\\p{L}+"`` attaches it to the next word);
     - after a single newline before a letter or a digit (``\\n|B)``).
 
     Never between two punctuation marks (``")" + ","`` is one GPT-2 piece ``"),"``), never between a
@@ -38,7 +41,9 @@ Why concatenation equals tokenizing the whole string
     with it: ``" North.\\n"``, ``"=onion"``, ``")\\n\\nChoose"`` (the last menu line's end), ``"), player "``.
     Adjacent static pieces are merged into one fragment.
 
-    The construction checks this against the given tokenizer: each fragment decodes back to itself, every
+    The template mirrors the f-strings of :func:`jaxopt_marl.prompts.user_message` (the tests compare the two
+    on real decisions). The construction checks the scheme against the given tokenizer (on the host: the same
+    template code runs on numpy): each fragment decodes back to itself, every
     number chunking of ``0..999`` and ``100000..100999`` equals the whole number's tokens, and
     :data:`CHECK_SAMPLES` synthetic decisions (random fields covering every letter, option, name, list
     length, absent/present pattern and number size) assemble to ids equal to tokenizing their decoded text;
@@ -46,7 +51,8 @@ Why concatenation equals tokenizing the whole string
     and the first offending text.
 
 Melting Pot "in view" is :func:`jaxopt_marl.prompts.mp_view` (the library's view ranking); the ``state:``
-label is :func:`state_label_code` (= :func:`jaxopt_marl.prompts.state_label`).
+label is :func:`state_label_code` (= :func:`jaxopt_marl.prompts.state_label`). Team values are integer counts:
+the memory's ``team_at_last`` is float32, exact below 2**24; the difference is written with its sign.
 """
 
 from __future__ import annotations
