@@ -11,23 +11,33 @@ The user message is built on the host from a NumPy snapshot of the state at a de
 (``Step 4/150``) and the shuffled lettered menu (:func:`jaxopt_marl.menus.render_menu`). Coordinates are
 ``(x, y) = (column, row)`` as in the menus.
 
-What an agent "sees" in Melting Pot is approximated by a square window of :data:`VIEW_RADIUS` cells
-around it (Melting Pot's egocentric window is 11 x 11); Overcooked agents see the whole (small) kitchen,
-as in the paper's example. Prompts are kept compact for CPU speed (~200-300 SmolLM2 tokens).
+What a Melting Pot agent "sees" has one definition shared with the menu (:func:`mp_view`): its observation
+window (11 x 11: 9 cells ahead, 1 behind, 5 to each side, so it turns with the facing;
+:func:`jaxopt_marl.options.meltingpot_common.window_cells`). ``Apples in view: n`` counts the objects in that
+window; the listed ``nearest`` are the first :data:`MAX_LISTED` of the ranking the menu instantiates its
+targets from (:meth:`~jaxopt_marl.options.meltingpot_common.MeltingPotOptions.view_ranking`: static path
+length from the agent's cell, unreachable last, ties row-major), and ``d=`` is that path length: steps of the
+shortest walk from the agent's cell onto the object's cell through the map's walls, other agents ignored
+(``d=unreachable`` when no walk exists). ``Partners in view`` are the alive partners whose cell is in the same
+window, and the ``state:`` label (:func:`state_label`) reads the same window. Overcooked agents see the whole
+(small) kitchen, as in the paper's example. Prompts are kept compact for CPU speed (~200-300 SmolLM2 tokens).
+
+Team values (``Memory`` line) are integer counts (apples eaten, soups delivered) and are written as integers.
+The same text is assembled from pre-tokenized fragments on the device by :mod:`jaxopt_marl.prompt_ids`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxopt_marl.options import meltingpot_common as mpc
 from jaxopt_marl.paths import UNREACHABLE
 
-#: Melting Pot: cells within this Chebyshev radius count as "in view".
-VIEW_RADIUS = 5
 #: Targets listed per class in a Melting Pot prompt (nearest first).
 MAX_LISTED = 3
 #: Macros remembered per agent.
@@ -141,10 +151,21 @@ def _xy(rc) -> str:
     return f"({int(rc[1])}, {int(rc[0])})"
 
 
+def _num(v: float) -> str:
+    """A team value as text: integers exactly (``1234567``, never ``1.23457e+06``), other values ``:g``."""
+    v = float(v)
+    return str(int(v)) if v.is_integer() else f"{v:g}"
+
+
+def _dist(d) -> str:
+    """A path length as text: the number of steps, or ``unreachable`` (``>= paths.UNREACHABLE``)."""
+    return "unreachable" if int(d) >= UNREACHABLE else str(int(d))
+
+
 def _memory_lines(mem: Memory, team: float) -> list[str]:
     last = ", ".join(mem.macros) if mem.macros else "none"
     return ["Memory:", f"- Last {MEMORY_MACROS} macros decided: {last}",
-            f"- Team reward since your last decision: {team - mem.team_at_last:g} (episode total {team:g})"]
+            f"- Team reward since your last decision: {_num(team - mem.team_at_last)} (episode total {_num(team)})"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -152,24 +173,44 @@ def _memory_lines(mem: Memory, team: float) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def overcooked_label_code(held: jax.Array, pot_onions: jax.Array, pot_cooking: jax.Array, pot_ready: jax.Array,
+                          aid) -> jax.Array:
+    """``int32[]`` index into ``STATE_LABELS["overcooked"]`` (jittable): ``delivering`` if the agent holds a soup
+    (``held int32[2]`` item code 3), else ``ready_to_plate`` / ``cooking`` / ``filling`` if any pot (``[P]``)
+    is ready / cooking / holds an onion, else ``empty``."""
+    code = jnp.where(jnp.any(pot_onions > 0), 1, 0)
+    code = jnp.where(jnp.any(pot_cooking), 2, code)
+    code = jnp.where(jnp.any(pot_ready), 3, code)
+    return jnp.where(jnp.asarray(held)[aid] == OC_ITEMS.index("soup"), 4, code).astype(jnp.int32)
+
+
+def meltingpot_label_code(pos: jax.Array, facing: jax.Array, aid, apples: jax.Array,
+                          dirt: jax.Array | None) -> jax.Array:
+    """``int32[]`` index into ``STATE_LABELS[game]`` (jittable): ``harvesting`` if an apple is in view (the
+    agent's window, :func:`jaxopt_marl.options.meltingpot_common.window_objects`), else ``cleaning`` if dirt is
+    in view (Clean Up; ``dirt`` None for Harvest), else ``exploring``. ``pos int32[N, 2]``, ``facing int32[N]``,
+    grids ``bool[H, W]``."""
+    p, f = jnp.asarray(pos)[aid], jnp.asarray(facing)[aid]
+    code = jnp.int32(2)
+    if dirt is not None:
+        code = jnp.where(mpc.window_objects(p, f, dirt)[1].any(), 1, code)
+    return jnp.where(mpc.window_objects(p, f, apples)[1].any(), 0, code).astype(jnp.int32)
+
+
+_oc_label_jit = jax.jit(overcooked_label_code)
+_mp_label_jit = jax.jit(meltingpot_label_code)
+
+
 def state_label(game: str, snap: dict, aid: int) -> str:
-    """A deterministic label of the situation from the agent's point of view (one of :data:`STATE_LABELS`)."""
+    """A deterministic label of the situation from the agent's point of view (one of :data:`STATE_LABELS`).
+
+    Overcooked: :func:`overcooked_label_code`; Melting Pot: :func:`meltingpot_label_code` (what is in view).
+    """
     if family(game) == "overcooked":
-        if snap["held"][aid] == 3:
-            return "delivering"
-        if snap["pot_ready"].any():
-            return "ready_to_plate"
-        if snap["pot_cooking"].any():
-            return "cooking"
-        if (snap["pot_onions"] > 0).any():
-            return "filling"
-        return "empty"
-    apples, _ = _visible(snap["apples"], snap["pos"][aid])
-    if apples.size:
-        return "harvesting"
-    if "dirt" in snap and _visible(snap["dirt"], snap["pos"][aid])[0].size:
-        return "cleaning"
-    return "exploring"
+        code = _oc_label_jit(snap["held"], snap["pot_onions"], snap["pot_cooking"], snap["pot_ready"], aid)
+    else:
+        code = _mp_label_jit(snap["pos"], snap["facing"], aid, snap["apples"], snap.get("dirt"))
+    return STATE_LABELS[family(game)][int(code)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -177,24 +218,43 @@ def state_label(game: str, snap: dict, aid: int) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _visible(grid: np.ndarray, pos) -> tuple[np.ndarray, np.ndarray]:
-    """Cells (row, col) of ``grid`` within :data:`VIEW_RADIUS` of ``pos``, nearest first, and their distances."""
-    r, c = int(pos[0]), int(pos[1])
-    h, w = grid.shape
-    r0, r1, c0, c1 = max(r - VIEW_RADIUS, 0), min(r + VIEW_RADIUS + 1, h), max(c - VIEW_RADIUS, 0), \
-        min(c + VIEW_RADIUS + 1, w)
-    cells = np.argwhere(grid[r0:r1, c0:c1]) + np.array([r0, c0])
-    d = np.abs(cells - np.array([r, c])).sum(-1)
-    order = np.lexsort((cells[:, 1], cells[:, 0], d))
-    return cells[order], d[order]
+def mp_view(lib, pos: jax.Array, facing: jax.Array, alive: jax.Array, aid, apples: jax.Array,
+            dirt: jax.Array | None) -> dict:
+    """What a Melting Pot agent sees (jittable; the one definition the host text and the device prompt share).
+
+    Args:
+        lib: the game's :class:`~jaxopt_marl.options.meltingpot_common.MeltingPotOptions`.
+        pos: ``int32[N, 2]`` (row, col); facing: ``int32[N]`` compass codes; alive: ``bool[N]``.
+        aid: the agent (may be traced).
+        apples, dirt: ``bool[H, W]`` object grids (``dirt`` None for Harvest).
+
+    Returns:
+        ``{"apples": ViewRanking, "dirt": ViewRanking (Clean Up only), "partners": bool[N]}``: the first
+        :data:`MAX_LISTED` objects of the menu's ranking (:meth:`view_ranking`, with counts), and the alive
+        partners whose cell is in the window.
+    """
+    pos, facing = jnp.asarray(pos, jnp.int32), jnp.asarray(facing, jnp.int32)
+    p, f = pos[aid], facing[aid]
+    out = {"apples": lib.view_ranking(p, f, apples, MAX_LISTED)}
+    if dirt is not None:
+        out["dirt"] = lib.view_ranking(p, f, dirt, MAX_LISTED)
+    others = jnp.asarray(alive, bool) & (jnp.arange(pos.shape[0]) != aid)
+    out["partners"] = others & mpc.in_window(p, f, pos)
+    return out
 
 
-def _listed(name: str, grid: np.ndarray, pos) -> str:
-    cells, d = _visible(grid, pos)
-    if not cells.size:
+@functools.lru_cache(maxsize=16)
+def _mp_view_jit(lib):
+    """:func:`mp_view` of ``lib``, jitted once per library (host prompts)."""
+    return jax.jit(functools.partial(mp_view, lib))
+
+
+def _listed(name: str, view) -> str:
+    n = int(view.count)
+    if not n:
         return f"{name} in view: 0"
-    near = ", ".join(f"{_xy(c)} d={int(k)}" for c, k in zip(cells[:MAX_LISTED], d[:MAX_LISTED]))
-    return f"{name} in view: {len(cells)} (nearest: {near})"
+    near = ", ".join(f"{_xy(c)} d={_dist(k)}" for c, k, ok in zip(view.target, view.dist, view.valid) if ok)
+    return f"{name} in view: {n} (nearest: {near})"
 
 
 def user_message(game: str, snap: dict, aid: int, menu_text: str, max_steps: int, mem: Memory | None = None,
@@ -208,15 +268,21 @@ def user_message(game: str, snap: dict, aid: int, menu_text: str, max_steps: int
         menu_text: from :func:`jaxopt_marl.menus.render_menu`.
         max_steps: episode length (``Step t/T``).
         mem: the agent's memory (None = empty).
-        lib: the option library (Overcooked: pot/counter cells and path distances).
+        lib: the option library (Overcooked: pot/counter cells and path distances; Melting Pot: the view
+            ranking and path lengths of :func:`mp_view`).
+
+    Raises:
+        ValueError: ``lib`` is None.
     """
+    if lib is None:
+        raise ValueError(f"user_message of {game!r} needs the option library (lib=None)")
     mem = mem or Memory()
     team = float(snap["team"])
     step = f"Step {int(snap['step'])}/{max_steps}."
     if family(game) == "overcooked":
         lines = _overcooked_lines(snap, aid, lib)
     else:
-        lines = _meltingpot_lines(game, snap, aid)
+        lines = _meltingpot_lines(snap, aid, lib)
     return "\n".join(lines + [step, ""] + _memory_lines(mem, team) + ["", menu_text, "",
                                                                       "Choose one. Reply with exactly two lines."])
 
@@ -232,8 +298,7 @@ def _overcooked_lines(snap: dict, aid: int, lib) -> list[str]:
     w = info.width
 
     def dist(target, who):
-        d = int(lib.pose_dist[int(target[0]) * w + int(target[1]), int(pos[who][0]) * w + int(pos[who][1])])
-        return "unreachable" if d >= UNREACHABLE else str(d)
+        return _dist(lib.pose_dist[int(target[0]) * w + int(target[1]), int(pos[who][0]) * w + int(pos[who][1])])
 
     for i, pot in enumerate(info.pots):
         n = int(snap["pot_onions"][i])
@@ -245,18 +310,19 @@ def _overcooked_lines(snap: dict, aid: int, lib) -> list[str]:
     return lines
 
 
-def _meltingpot_lines(game: str, snap: dict, aid: int) -> list[str]:
+def _meltingpot_lines(snap: dict, aid: int, lib) -> list[str]:
     pos, facing, alive = snap["pos"], snap["facing"], snap["alive"]
+    view = jax.tree.map(np.asarray, _mp_view_jit(lib)(pos, facing, alive, aid, snap["apples"], snap.get("dirt")))
     lines = [f"You are player {aid}. World position: {_xy(pos[aid])}. Facing: {MP_FACING[int(facing[aid])]}.",
-             _listed("Apples", snap["apples"], pos[aid])]
+             _listed("Apples", view["apples"])]
     if "dirt" in snap:
-        lines.append(_listed("Dirt", snap["dirt"], pos[aid]))
-    near = [j for j in range(len(pos)) if j != aid and alive[j]
-            and np.abs(pos[j] - pos[aid]).max() <= VIEW_RADIUS]
+        lines.append(_listed("Dirt", view["dirt"]))
+    near = [int(j) for j in np.flatnonzero(view["partners"])]
     lines.append("Partners in view: " + (", ".join(f"player {j} @ {_xy(pos[j])}" for j in near) if near
                                          else "none"))
     return lines
 
 
-__all__ = ["MP_FACING", "Memory", "OC_FACING", "STATE_LABELS", "SYSTEM", "VIEW_RADIUS", "family",
-           "make_snapshot_fn", "state_label", "system_message", "take", "user_message"]
+__all__ = ["MAX_LISTED", "MEMORY_MACROS", "MP_FACING", "Memory", "OC_FACING", "OC_ITEMS", "STATE_LABELS", "SYSTEM",
+           "family", "make_snapshot_fn", "meltingpot_label_code", "mp_view", "overcooked_label_code",
+           "state_label", "system_message", "take", "user_message"]

@@ -52,6 +52,8 @@ Region options have one instance each; ``wait`` one.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,9 +93,58 @@ ANY_FACING = -1
 _BIG = np.int32(2**31 - 1)
 #: Unreachable in the int16 destination table (mapped back to :data:`jaxopt_marl.paths.UNREACHABLE` on lookup).
 FAR = 32000
-_DIST_CLIP = 4095  # distances above this (UNREACHABLE) rank last among visible targets
 
 WINDOW_OFFSETS = mp.window_offsets().reshape(4, -1, 2)  # int32[4, 121, 2] per facing (d_row, d_col)
+#: Cells of the observation window (11 x 11 = 121).
+WINDOW_CELLS = WINDOW_OFFSETS.shape[1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The view window: the one definition of "in view" (menus and prompts)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def window_cells(pos: jax.Array, facing: jax.Array) -> jax.Array:
+    """``int32[121, 2]`` map cells (row, col) of the observation window of an agent at ``pos`` (``int32[2]``)
+    facing ``facing`` (compass code ``int32[]``), window row-major; cells may lie off the map.
+
+    The window is Melting Pot's egocentric observation (``envs_jax.meltingpot.window_offsets``): 9 cells
+    ahead, 1 behind and 5 to each side, so it depends on the facing.
+    """
+    return jnp.asarray(pos, jnp.int32)[None] + jnp.asarray(WINDOW_OFFSETS)[facing]
+
+
+def in_window(pos: jax.Array, facing: jax.Array, cells: jax.Array) -> jax.Array:
+    """``bool[...]``: each of ``cells`` (``int32[..., 2]`` (row, col)) is one of :func:`window_cells`."""
+    win = window_cells(pos, facing)  # [121, 2]
+    return jnp.all(jnp.asarray(cells, jnp.int32)[..., None, :] == win, axis=-1).any(-1)
+
+
+def window_objects(pos: jax.Array, facing: jax.Array, grid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Objects of ``grid`` (``bool[H, W]``) in the window: ``(cells int32[121, 2], seen bool[121])``, ``seen`` =
+    the window cell is on the map and holds an object. ``seen.sum()`` is the count "in view"."""
+    cells = window_cells(pos, facing)
+    ok = mp.in_bounds(cells, grid.shape)
+    hi = jnp.array(grid.shape, jnp.int32) - 1
+    flat = jnp.clip(cells, 0, hi)
+    return cells, ok & jnp.asarray(grid)[flat[:, 0], flat[:, 1]]
+
+
+class ViewRanking(NamedTuple):
+    """The objects of one class in an agent's window, ranked (:meth:`MeltingPotOptions.view_ranking`).
+
+    Attributes:
+        target: ``int32[k, 2]`` the ``k`` first ranked cells (row, col); -1 where ``valid`` is false.
+        valid: ``bool[k]`` the slot holds an object (fewer than ``k`` in view: trailing slots are empty).
+        dist: ``int32[k]`` static path length in steps from the agent's cell to the object's cell (walls only,
+            other agents ignored); ``paths.UNREACHABLE`` when no path exists; -1 where ``valid`` is false.
+        count: ``int32[]`` objects in the window.
+    """
+
+    target: jax.Array
+    valid: jax.Array
+    dist: jax.Array
+    count: jax.Array
 
 
 def contract_text(kind: int, inst: str, effect: str, region: str = "") -> str:
@@ -257,24 +308,34 @@ class MeltingPotOptions(OptionLibrary):
         region_ok = fixed | (has & (jnp.asarray(self.cell_region)[self._safe_flat(target)] >= 0))
         return jnp.where(kind == KIND_REGION, region_ok, jnp.where(kind == KIND_WAIT, True, has & obj))
 
-    def visible_nearest(self, state, aid, grid, k: int):
-        """The ``k`` nearest cells of ``grid`` (``bool[H, W]``) inside the agent's view window.
+    def view_ranking(self, pos, facing, grid, k: int) -> ViewRanking:
+        """The ``k`` first objects of ``grid`` (``bool[H, W]``) in the window of an agent at ``pos``
+        (``int32[2]``) facing ``facing``: the ranking the menu instantiates from and the prompt lists.
 
-        Nearest by static path distance from the agent's cell (unreachable last, ties row-major).
+        In view = :func:`window_objects`. Ranked by static path length from the agent's cell (unreachable last),
+        ties by row-major cell index. ``k`` is static.
+        """
+        pos = jnp.asarray(pos, jnp.int32)
+        cells, cand = window_objects(pos, facing, grid)
+        flat = self._safe_flat(cells)
+        raw = self._dest_j[self._flat(pos), flat].astype(jnp.int32)  # FAR (unreachable) ranks last
+        key = jnp.where(cand, raw * self.num_cells + flat, _BIG)
+        neg, idx = jax.lax.top_k(-key, k)
+        valid = -neg < _BIG
+        dist = jnp.where(raw >= FAR, paths.UNREACHABLE, raw)[idx]
+        return ViewRanking(target=jnp.where(valid[:, None], cells[idx], -1).astype(jnp.int32), valid=valid,
+                           dist=jnp.where(valid, dist, -1).astype(jnp.int32),
+                           count=jnp.sum(cand, dtype=jnp.int32))
+
+    def visible_nearest(self, state, aid, grid, k: int):
+        """The ``k`` nearest cells of ``grid`` (``bool[H, W]``) inside the agent's view window
+        (:meth:`view_ranking`: by static path distance from the agent's cell, unreachable last, ties row-major).
 
         Returns:
             ``(target int32[k, 2], valid bool[k])``.
         """
-        pos, facing = state.pos[aid], state.facing[aid]
-        cells = pos[None] + jnp.asarray(WINDOW_OFFSETS)[facing]  # [121, 2]
-        ok = mp.in_bounds(cells, self.shape)
-        flat = self._safe_flat(cells)
-        cand = ok & grid.reshape(-1)[flat]
-        dist = self._dest_j[self._flat(pos), flat].astype(jnp.int32)  # FAR (unreachable) ranks last
-        key = jnp.where(cand, dist * self.num_cells + flat, _BIG)
-        neg, idx = jax.lax.top_k(-key, k)
-        valid = -neg < _BIG
-        return jnp.where(valid[:, None], cells[idx], -1).astype(jnp.int32), valid
+        view = self.view_ranking(state.pos[aid], state.facing[aid], grid, k)
+        return view.target, view.valid
 
     def region_cell(self, state, aid, region: int):
         """``bool[]`` the agent stands in region ``region``."""
@@ -431,9 +492,14 @@ __all__ = [
     "TARGET_CAP",
     "TIMEOUT",
     "WAIT_STEPS",
+    "WINDOW_CELLS",
     "WINDOW_OFFSETS",
     "MeltingPotOptions",
+    "ViewRanking",
     "compass_toward",
     "contract_text",
     "destination_table",
+    "in_window",
+    "window_cells",
+    "window_objects",
 ]
