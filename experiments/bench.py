@@ -7,6 +7,7 @@ table (and JSON with ``--out``). Figures that go into BENCHMARKS.md come from th
   uniform-random policy, with JaxMARL's own OvercookedV2 (Asymmetric Advantages) as the baseline.
 * ``llm``: prefill and decision throughput of the frozen LLM (see ``experiments/bench_llm.py``).
 * ``train``: PA-MAGRPO update throughput and MFU on a model-shaped random decoder (``experiments/bench_train.py``).
+* ``rollout``: the compiled rollout against the host loop and a bare LLM forward (``experiments/bench_rollout.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _BENCHES = {
     "envs": "experiments.bench_envs",
     "llm": "experiments.bench_llm",
     "train": "experiments.bench_train",
+    "rollout": "experiments.bench_rollout",
 }
 
 

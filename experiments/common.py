@@ -543,13 +543,30 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
               f"comparable to the paper's numbers.")
     if resume:
         print(f"  resuming from checkpoint round {ckpt_round}" if ckpt_round else "  resuming: no checkpoint yet")
+    # 0b. The model and the prompt limits, before any compute and before the run directory is written: an
+    # unreadable model file, a menu longer than the letters, a prompt over its limit or letters that are not
+    # single tokens stop here with a message naming the file or the game and the limit.
+    n_adapters = 1 if mcfg.shared_adapter else n_agents
+    lcfg = LoRAConfig(num_adapters=n_adapters, rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank)
+    t0 = time.perf_counter()
+    try:
+        model, tok = rollout.load_policy_model(cfg.model, lcfg, seed=cfg.seed)
+    except (ValueError, OSError) as e:
+        raise InputError(f"model {cfg.model or 'SmolLM2-135M-Instruct (GGUF)'} could not be loaded: {e}") from None
+    print(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    env = envs_jax.make(cfg.game, max_steps=cfg.episode_steps)
+    lib = options.get_library(cfg.game, env)
+    try:
+        from jaxopt_marl.prompt_ids import PromptIds
+
+        PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps)
+    except ValueError as e:
+        raise InputError(str(e)) from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({**cfg.flat_dict(), "reduced_budget": cfg.reduced_budget,
                                                  "num_agents": n_agents, "eval_seed0": EVAL_SEED0}, indent=2) + "\n")
 
     # 1. Burn-in and guards.
-    env = envs_jax.make(cfg.game, max_steps=cfg.episode_steps)
-    lib = options.get_library(cfg.game, env)
     bdir = out / "burnin"
     guard_path = out / "guards.jsonl"
     if resume and (bdir / "burnin.json").exists() and guard_path.exists():
@@ -569,16 +586,19 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
         print(f"burn-in: {res.decisions} decisions in {res.seconds:.1f} s; {len(guards)} guards -> {guard_path}")
     compiled = G.compile_guards(guards, lib.vocab)
 
-    # 2. Model, policy, trainer.
-    n_adapters = 1 if mcfg.shared_adapter else n_agents
-    lcfg = LoRAConfig(num_adapters=n_adapters, rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank)
-    t0 = time.perf_counter()
-    model, tok = rollout.load_policy_model(cfg.model, lcfg, seed=cfg.seed)
-    print(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    # 2. Policy and trainer (the model was loaded and its prompt limits checked in step 0).
     pcfg = rollout.PolicyConfig(mode=cfg.mode, temperature=mcfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                 shared_adapter=mcfg.shared_adapter)
-    policy = rollout.LLMPolicy(model, tok, cfg.game, pcfg)
-    roller = rollout.Roller(cfg.game, env, lib, compiled, policy, menu_seed=cfg.seed)
+    # The compiled rollout (one jitted program per call of K episodes, LLM included); it also plays the
+    # evaluation, the frozen base and the solo test, in calls of K.
+    from jaxopt_marl.compiled_rollout import CompiledRoller
+
+    try:
+        roller = CompiledRoller(cfg.game, env, lib, compiled, model, tok, pcfg, menu_seed=cfg.seed,
+                                batch=mcfg.num_rollouts)
+    except ValueError as e:  # prompt or menu limits, letters that are not single tokens: before any compute
+        raise InputError(str(e)) from None
+    policy = roller.policy
     tr = trainer.Trainer(out, roller, mcfg, trainer.TrainConfig(rounds=cfg.rounds, seed=cfg.seed,
                                                                 skip_zero_advantage=cfg.skip_zero_advantage))
     if resume:
@@ -668,11 +688,9 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
         print(f"solo test ({units}, seeds {solo_seeds[0]}-{solo_seeds[-1]}): "
               + ", ".join(f"agent {i} alone {m:.2f}" for i, m in enumerate(solo.summary()["solo_mean"]))
               + f"; full team {solo.summary()['full_mean'][0]:.2f} -> {solo.verdict()}")
-    # A GIF of one episode on the first evaluation seed, played again by the trained adapters with frames
-    # recorded (a fresh sample of the same policy, so it need not repeat episode 0 of eval.json).
-    gif_res = roller.collect(seeds[:1], jax.random.fold_in(eval_key, 1), round_idx=-1, progress=progress,
-                             desc="eval gif", frames=True)
-    write_gif(gif_res.traj["frames"][0], out / "episode.gif", fps=8)
+    # A GIF of the first evaluation episode (eval.json's episode 0, seed 10000): its recorded primitive actions
+    # replayed with the same env keys and rendered.
+    write_gif(roller.replay_frames(seeds[0], eval_key, ev_res.traj["actions"][0]), out / "episode.gif", fps=8)
     np.savez_compressed(out / "eval_traj.npz", seeds=np.asarray(seeds, np.int32),
                         option_names=np.asarray(lib.option_names), **arrays)
 

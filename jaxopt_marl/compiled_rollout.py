@@ -26,8 +26,8 @@ K rollouts and N agents, with static shapes throughout. A wave:
 
 **Chunks.** Rows that do not decide cost no model compute, and padding is bounded: the wave's deciding rows
 are sorted by prompt length (longest first) and cut into chunks whose row count comes from a static set
-(:class:`ChunkConfig`: on CPU 8, 4, 2, 1 taken greedily, so no row is ever padded; on a GPU a few larger sizes
-with padding, since there a row costs almost nothing) and whose prompt columns are the chunk's longest
+(:class:`ChunkConfig`: on CPU single rows, or 8, 4, 2, 1 taken greedily when decoding, so no row is ever padded;
+on a GPU a few larger sizes with padding, since there a row costs almost nothing) and whose prompt columns are the chunk's longest
 prompt rounded up to ``length_step`` tokens. One ``lax.switch`` branch per (rows, columns) pair runs the
 model on exactly that shape. The host path (:class:`jaxopt_marl.rollout.Roller`) pads a wave's rows to
 ``_rows_bucket`` and its columns to 32, so the compiled chunks never pay more padding than it did.
@@ -94,13 +94,21 @@ class ChunkConfig:
             raise ValueError(f"length_step must be >= 1, got {self.length_step}")
 
     @classmethod
-    def for_backend(cls, backend: str | None = None, rows: int = 28) -> "ChunkConfig":
-        """CPU: (8, 4, 2, 1) exact, 32-token columns (compute-bound: a padded row costs a full row).
-        GPU/TPU: powers of two up to ``rows`` (at least 8), padded, 64-token columns (a wave of SmolLM2 rows is
-        launch-bound there, so fewer, fuller calls win)."""
+    def for_backend(cls, backend: str | None = None, rows: int = 28, mode: str = "choice_only") -> "ChunkConfig":
+        """Defaults per backend and scoring mode.
+
+        - CPU, ``choice_only``: single rows, 32-token columns. Prefill is compute-bound there: a SmolLM2 row of
+          256 tokens cost 0.99 s alone and 0.98 s per row in a batch of 8 (2-core CPU, 2026-12-01), so batching
+          buys nothing, while each row's own columns pad less than a batch padded to its longest row, and there
+          are fewer branches to compile.
+        - CPU, ``sample``: (8, 4, 2, 1) exact, 64-token columns: a decode step streams every weight whatever the
+          rows (memory-bound), so decoding rows together is what pays.
+        - GPU/TPU: powers of two from 8 up to ``rows``, padded, 64-token columns: a wave of SmolLM2 rows is
+          launch-bound there, so fewer, fuller calls win.
+        """
         backend = backend or jax.default_backend()
         if backend == "cpu":
-            return cls()
+            return cls(row_sizes=(1,)) if mode == "choice_only" else cls(row_sizes=(8, 4, 2, 1), length_step=64)
         top = max(8, 1 << (max(rows, 1) - 1).bit_length())
         return cls(row_sizes=tuple(s for s in (64, 32, 16, 8) if s <= top), pad_rows=True, length_step=64)
 
@@ -241,7 +249,7 @@ class CompiledRoller:
                              f"({'shared adapter' if cfg.shared_adapter else 'one per agent'})")
         self.prompt = prompt_ids.PromptIds(game, env, lib, tokenizer, mode=cfg.mode, max_steps=self.steps,
                                            max_len=max_prompt_len)
-        self.chunks = chunks or ChunkConfig.for_backend(rows=self.batch * self.n)
+        self.chunks = chunks or ChunkConfig.for_backend(rows=self.batch * self.n, mode=cfg.mode)
         self.model = model
         self.graphdef, _, _ = split_model(model)
         self.wait_id = lib.option_names.index("wait") if "wait" in lib.option_names else -1

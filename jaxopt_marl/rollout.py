@@ -587,7 +587,7 @@ class Roller:
         host_traj = {k: np.asarray(v) for k, v in traj.items()}
         return RolloutResult(returns=st["team_return"].astype(np.float32), decisions=decisions, traces=traces,
                              parse=stats, traj=host_traj, stats=st, seconds=time.perf_counter() - t_start,
-                             llm_seconds=llm_s)
+                             llm_seconds=llm_s, waves=it)
 
     def _outcomes(self, rec, pending: dict, traces: list) -> None:
         """Writes finished options' outcomes into their decisions' traces."""

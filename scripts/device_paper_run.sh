@@ -8,6 +8,8 @@
 #   env MODE=sample|choice_only   scoring (default sample, the paper's; choice_only is a decoding constraint the
 #                                 paper does not use); the run directory is named by it:
 #                                 runs/device-<GAME>-<MODE>-s<SEED>
+#       BENCH_ROLLOUT=SECONDS: first time one compiled paper-preset rollout (issue #11's H200 target) into
+#       $OUT/rollout_bench.json, e.g. BENCH_ROLLOUT=150;
 #       SEED=0, CALL_S=600 (the run call's timeout_s), PACK_S=60 (seconds kept for packing), EXTRA_ARGS="..."
 #       (more flags, e.g. --eval-episodes 20), MODEL=PATH (default: the joined GGUF; tiny-random for dry runs),
 #       REQUIRE_GPU=1, PYTHON=python3, SITE=/tmp/site (wheel install target), OUT (the tool's; else /tmp/device_out)
@@ -156,6 +158,17 @@ EOF
 if [ "$STAGE1" = 1 ]; then
     say "STATUS: stage 1 done; make call 2 within 30 s"
     exit 0
+fi
+
+# 3b. Optional (BENCH_ROLLOUT=SECONDS): issue #11's H200 figure first -- one paper-preset rollout (K rollouts x the
+# game's episode, this MODE, SmolLM2) timed by `python -m experiments.bench rollout` (compile excluded, median of 3,
+# no host loop), into $OUT/rollout_bench.json (the 8th file back). Its seconds come out of the run's budget.
+if [ -n "${BENCH_ROLLOUT:-}" ]; then
+    case "$GAME" in cleanup) BK=4; BT=150 ;; harvest) BK=4; BT=400 ;; *) BK=6; BT=400 ;; esac
+    say "bench: timeout $BENCH_ROLLOUT s: experiments.bench rollout --game $GAME --mode $MODE --rollouts $BK --steps $BT"
+    PYTHONUNBUFFERED=1 timeout -k 10 "$BENCH_ROLLOUT" "$PY" -m experiments.bench rollout --game "$GAME" \
+        --model "$MODEL" --mode "$MODE" --rollouts "$BK" --steps "$BT" --no-host --repeats 3 \
+        --out "$OUT/rollout_bench.json" 2>&1 | grep -v "ubmoduled environments" | tee -a "$LOG"
 fi
 
 # 4. The run: resumed when the run directory exists; stopped by `timeout` so that packing still happens.

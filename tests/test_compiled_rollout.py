@@ -1,0 +1,257 @@
+"""The compiled rollout (issue #11) with a tiny random decoder: determinism, batch and chunk independence, no host
+transfer inside a call, the letter shown is the option executed, parity with the host loop, the training batch
+built on the device, and epoch-0 PPO ratios of 1 at the rollout temperature."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxopt_marl import compiled_rollout as cr
+from jaxopt_marl import guards, magrpo, menus, options, rollout
+from jaxopt_marl import train_step as ts
+from lora import LoRAConfig, split_model
+
+STEPS = 16
+# One branch (rows padded to 4, one column width): compiles fast; chunking itself is tested separately.
+ONE_BRANCH = cr.ChunkConfig(row_sizes=(4,), pad_rows=True, length_step=4096)
+
+
+def _roller(game, mode, chunks=ONE_BRANCH, batch=2, temperature=1.0, steps=STEPS, max_new_tokens=6):
+    import envs_jax
+
+    env = envs_jax.make(game, max_steps=steps)
+    lib = options.get_library(game, env)
+    n = lib.num_agents
+    model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=n, rank=2, alpha=4.0))
+    cfg = rollout.PolicyConfig(mode=mode, temperature=temperature, max_new_tokens=max_new_tokens)
+    return cr.CompiledRoller(game, env, lib, guards.compile_guards([], lib.vocab), model, tok, cfg, batch=batch,
+                             chunks=chunks)
+
+
+@pytest.fixture(scope="module")
+def oc_sample():
+    return _roller("overcooked_aa", "sample")
+
+
+@pytest.fixture(scope="module")
+def oc_choice():
+    return _roller("overcooked_aa", "choice_only")
+
+
+def _same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_same_seed_same_trajectory_and_no_transfer(oc_sample):
+    r = oc_sample
+    _, ad, base = split_model(r.model)
+    args = r.device_args([3, 4], jax.random.PRNGKey(7))
+    ad, base = jax.device_put((ad, base), r._device)
+    jax.block_until_ready(r._fn(base, ad, *args))  # compile outside the guard
+    with jax.transfer_guard("disallow"):
+        a = r._fn(base, ad, *args)
+        b = r._fn(base, ad, *args)
+        jax.block_until_ready((a, b))
+    _same(a, b)
+    assert int(a.decisions.count) > 0 and int(a.waves) > 0
+    # Every step of both episodes was recorded, and the primitive actions are valid.
+    assert (np.asarray(a.traj["positions"]) >= 0).all()
+    acts = np.asarray(a.traj["actions"])
+    assert acts.min() >= 0 and acts.max() < 6
+
+
+def test_episode_independent_of_its_batch(oc_sample):
+    """Every draw comes from the episode's own keys: seed 4 plays the same in batch [3, 4] and in [4, 9]."""
+    r = oc_sample
+    key = jax.random.PRNGKey(1)
+    x = r.collect([3, 4], key)
+    y = r.collect([4, 9], key)
+    tx = [t for t in x.traces if t["seed"] == 4]
+    ty = [t for t in y.traces if t["seed"] == 4]
+    strip = lambda t: {k: v for k, v in t.items() if k != "rollout"}
+    assert [strip(t) for t in tx] == [strip(t) for t in ty] and tx
+    np.testing.assert_array_equal(x.traj["positions"][1], y.traj["positions"][0])
+    np.testing.assert_array_equal(x.traj["actions"][1], y.traj["actions"][0])
+    # An odd number of seeds is played in calls of K (the last padded) with the same episodes.
+    z = r.collect([3, 4, 9], key)
+    assert [strip(t) for t in z.traces if t["seed"] == 4] == [strip(t) for t in tx]
+    np.testing.assert_array_equal(z.returns[[0, 2]], [x.returns[0], y.returns[1]])
+
+
+def _menu_line(prompt_text: str, letter: str) -> str:
+    m = re.search(rf"^{letter}\) (.*)$", prompt_text.split("Action menu:\n", 1)[1], re.M)
+    return m.group(1)
+
+
+def _check_letters(r, res):
+    lib = r.lib
+    ok = [t for t in res.traces if not t["parse_fail"]]
+    assert ok, "no parsed decision to check"
+    for t in res.traces:
+        assert t["prompt_text"] == r.tok.decode(t["prompt_ids"], skip_special_tokens=False)
+        assert t["prompt_ids"][:len(r.prefix_ids)] == list(r.prefix_ids)
+        assert t["prompt"] in t["prompt_text"]
+        if t["parse_fail"]:
+            assert t["option"] in ("wait", "idle")
+            continue
+        line = _menu_line(t["prompt_text"], t["choice"])
+        tgt = None if t["target"] is None else (t["target"][1], t["target"][0])  # (row, col)
+        assert line == lib.label(lib.option_id(t["option"]), tgt)
+        assert f"{t['choice']}) {line}" in t["menu"]
+    return ok
+
+
+def test_letter_shown_is_option_executed(oc_choice):
+    _check_letters(oc_choice, oc_choice.collect([5, 6], jax.random.PRNGKey(2)))
+
+
+class _Scripted(cr.CompiledRoller):
+    """Sample mode whose "LLM" always answers ``choice: B`` (then the end token; 4 of the 6 response tokens)."""
+
+    def _model_rows(self, model, kv, ids, mask, adapter, keys, live):
+        toks = self.tok("choice: B", add_special_tokens=False)["input_ids"] + [self.eos_ids[0]]
+        m = self.response_len
+        row = jnp.asarray((toks + [self.pad_id] * m)[:m], jnp.int32)
+        n = ids.shape[0]
+        return (jnp.broadcast_to(row, (n, m)), jnp.broadcast_to(jnp.arange(m) < len(toks), (n, m)) & live[:, None],
+                jnp.zeros((n,), jnp.float32))
+
+
+def test_sample_mode_parses_on_device_and_starts_the_letter(oc_sample):
+    """A random decoder writes garbage: every failure is counted and makes the agent wait, and the device parse
+    agrees with the host parser on every response. A scripted answer "choice: B" starts the menu's line B."""
+    res = oc_sample.collect([5, 6], jax.random.PRNGKey(2))
+    assert res.parse.failures > 0 and res.parse_mismatch == 0
+    assert all(t["option"] in ("wait", "idle") for t in res.traces if t["parse_fail"])
+    r = oc_sample
+    scripted = _Scripted(r.game, r.env, r.lib, r.guards, r.model, r.tok, r.cfg, batch=2, chunks=ONE_BRANCH)
+    res = scripted.collect([5, 6], jax.random.PRNGKey(2))
+    assert res.parse_mismatch == 0
+    ok = _check_letters(scripted, res)
+    assert {t["choice"] for t in ok} == {"B"}
+    assert all(t["response"] == "choice: B" for t in res.traces)
+    assert all(t["parse"] == "invalid_letter" for t in res.traces if t["parse_fail"])  # menus of one line
+
+
+@pytest.fixture(scope="module")
+def cu_padded():
+    """Cleanup (7 agents), rows padded to 16 (every wave in one call), one column width."""
+    return _roller("cleanup", "choice_only", steps=10,
+                   chunks=cr.ChunkConfig(row_sizes=(16,), pad_rows=True, length_step=4096))
+
+
+def test_chunking_does_not_change_decisions(cu_padded):
+    """Exact chunks (4, 2, 1) with 128-token column buckets and one padded chunk per wave give the same
+    decisions: every row samples with its own key, whatever shares its call."""
+    key = jax.random.PRNGKey(3)
+    exact = _roller("cleanup", "choice_only", steps=10, chunks=cr.ChunkConfig(row_sizes=(4, 2, 1), length_step=128))
+    outs = [r.collect([11, 12], key) for r in (exact, cu_padded)]
+    first = [(t["seed"], t["step"], t["aid"], t["choice"], t["prompt_ids"]) for t in outs[0].traces]
+    assert len(first) > 14  # several agents decide per wave
+    assert max(len(t["prompt_ids"]) for t in outs[0].traces) - min(len(t["prompt_ids"]) for t in outs[0].traces) > 20
+    assert [(t["seed"], t["step"], t["aid"], t["choice"], t["prompt_ids"]) for t in outs[1].traces] == first
+    for a, b in zip(*(o.traces for o in outs)):
+        assert abs(a["logp"] - b["logp"]) < 1e-5
+
+
+@pytest.mark.parametrize("fixture", ["oc_sample", "oc_choice"])
+def test_training_batch_and_epoch0_ratio(fixture, request):
+    """The device-built batch equals the host packing of the traces, and the update's own scoring of every
+    decision at the rollout temperature reproduces the rollout's log-prob: epoch-0 ratios are 1 within 1e-5."""
+    r = request.getfixturevalue(fixture)
+    res = r.collect([7, 8], jax.random.PRNGKey(4))
+    adv = np.array([0.5, -0.5], np.float32)
+    batch = cr.decision_batch(r, res, adv, row_multiple=8, prefix=r.prefix_ids)
+    d = res.num_decisions
+    host = ts.pack_decisions([t["prompt_ids"] for t in res.traces], [t["response_ids"] for t in res.traces],
+                             [t["aid"] for t in res.traces], [float(adv[t["rollout"]]) for t in res.traces],
+                             pad_id=r.pad_id, prompt_len=batch.tokens.shape[1] - r.response_len,
+                             response_len=r.response_len, prefix=r.prefix_ids,
+                             choices=[[int(x) for x in r.letter_ids[:t["n_letters"]]] for t in res.traces]
+                             if r.cfg.mode == "choice_only" else None)
+    for name in ("tokens", "attention_mask", "response_mask", "agent_ids", "advantages"):
+        np.testing.assert_array_equal(np.asarray(getattr(batch, name))[:d], np.asarray(getattr(host, name)),
+                                      err_msg=name)
+    assert not np.asarray(batch.valid)[d:].any() and np.asarray(batch.valid)[:d].all()
+    assert batch.tokens.shape[0] % 64 == 0
+    mcfg = magrpo.MAGRPOConfig.smoke(temperature=r.cfg.temperature, micro_batch=8)
+    graphdef, adapters, base = split_model(r.model)
+    step = ts.make_train_step(graphdef, mcfg, ts.make_mesh(1), num_adapters=r.n)
+    score = np.asarray(step.score(base, adapters, batch, jnp.asarray(step.adapter_ids(batch.agent_ids))))[:d]
+    logp = np.array([t["logp"] for t in res.traces])
+    # 1e-5, or the float32 resolution of a sum of large token log-probs: a random decoder's response tokens
+    # have log-probs near -log(49152) = -10.8 each, so a 6-token sum near -65 has an ulp of 7.6e-6 and two
+    # programs (a cached decode, a full-row forward) may round it a few ulps apart.
+    tok_lp = np.array([np.abs(np.asarray(t["logp"])) for t in res.traces])
+    tol = np.maximum(1e-5, 8 * np.finfo(np.float32).eps * (tok_lp + r.response_len))
+    np.testing.assert_array_less(np.abs(np.exp(score - logp) - 1.0), tol)
+    if r.cfg.mode == "choice_only":  # one token among the menu letters: small log-probs, 1e-5 holds outright
+        np.testing.assert_array_less(np.abs(np.exp(score - logp) - 1.0), 1e-5)
+
+
+def test_reference_and_idled_agents(oc_choice):
+    r = oc_choice
+    ref = r.collect([1, 2], jax.random.PRNGKey(0), reference=True)
+    pol = r.collect([1, 2], jax.random.PRNGKey(0))
+    # Fresh adapters (B = 0) are the reference policy: the same key plays the same episodes.
+    assert [t["choice"] for t in ref.traces] == [t["choice"] for t in pol.traces]
+    assert all(t["reference"] for t in ref.traces)
+    solo = r.collect([1, 2], jax.random.PRNGKey(0), active=np.array([True, False]))
+    assert {t["aid"] for t in solo.traces} == {0}
+    # Per-episode masks: agent 0 alone in episode 0, agent 1 alone in episode 1, in one call.
+    mixed = r.collect([1, 2], jax.random.PRNGKey(0), active=np.array([[True, False], [False, True]]))
+    assert {(t["rollout"], t["aid"]) for t in mixed.traces} == {(0, 0), (1, 1)}
+
+
+def test_replay_reproduces_the_episode(oc_choice):
+    r = oc_choice
+    res = r.collect([21, 22], jax.random.PRNGKey(5))
+    frames = r.replay_frames(22, jax.random.PRNGKey(5), res.traj["actions"][1])
+    assert frames.shape[0] == STEPS and frames.dtype == np.uint8
+    # The replayed final state renders like the rollout's final state.
+    import envs_jax  # noqa: F401
+
+    env = r.env
+    _, state = env.reset(jax.random.PRNGKey(22))
+    env_key = rollout.episode_keys(jax.random.PRNGKey(5), jnp.asarray([22]))[0][0]
+    step = jax.jit(lambda k, s, a: env.step_env(k, s, {ag: a[i] for i, ag in enumerate(env.agents)})[1])
+    for t in range(STEPS):
+        state = step(jax.random.fold_in(env_key, t), state, jnp.asarray(res.traj["actions"][1, t], jnp.int32))
+        np.testing.assert_array_equal(np.asarray(env.agent_positions(state)), res.traj["positions"][1, t])
+    np.testing.assert_array_equal(frames[-1], np.asarray(env.render(state)))
+
+
+def test_bad_input(oc_choice):
+    with pytest.raises(ValueError, match="K=2"):
+        oc_choice.device_args([1, 2, 3], jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="active"):
+        oc_choice.collect([1, 2], jax.random.PRNGKey(0), active=np.ones((3,), bool))
+    with pytest.raises(ValueError, match="row_sizes"):
+        cr.ChunkConfig(row_sizes=(4, 8))
+    with pytest.raises(ValueError, match="end with 1"):
+        cr.ChunkConfig(row_sizes=(8, 4))
+
+
+def test_host_loop_parity(cu_padded):
+    """The host loop (Python menus, prompts and tokenizer per wave) is the compiled rollout's reference: with
+    the same keys both play the same episodes -- prompts, letters, options and outcomes."""
+    r = cu_padded
+    pol = rollout.LLMPolicy(r.model, r.tok, r.game, r.cfg)
+    host = rollout.Roller(r.game, r.env, r.lib, r.guards, pol, menu_seed=0)
+    key = jax.random.PRNGKey(9)
+    a = r.collect([31, 32], key)
+    b = host.collect([31, 32], key)
+    assert len(a.traces) == len(b.traces) > 0
+    for x, y in zip(a.traces, b.traces):
+        for f in ("rollout", "seed", "step", "aid", "prompt", "menu", "response", "choice", "option", "target",
+                  "outcome"):
+            assert x[f] == y[f], (f, x[f], y[f])
+        assert x["prompt_ids"] == b.decisions[b.traces.index(y)][2].prompt_ids
+        assert abs(x["logp"] - y["logp"]) < 1e-5
+    np.testing.assert_array_equal(a.returns, b.returns)
+    for k in ("positions", "rewards", "alive", "options", "actions"):
+        np.testing.assert_array_equal(a.traj[k], b.traj[k], err_msg=k)
