@@ -55,6 +55,7 @@ PAPER_EVAL_EPISODES = 20
 EPISODE_STEPS = {"cleanup": 150, "harvest": 400, "overcooked_aa": 400, "overcooked_fc": 400}  # §6.1
 TINY_RANDOM = "tiny-random"
 EVAL_CHECKPOINTS = ("best", "final")  # best: paper §6.1 checkpoint rule; final: the last round's adapters
+CHUNKINGS = ("auto", "single")  # the compiled rollout's model calls per wave (RunConfig.chunking)
 CHECKPOINT_RULE = "highest training-time team return (paper §6.1)"
 SOLO_PAPER = {"overcooked_aa": 5, "overcooked_fc": 5, "cleanup": 2, "harvest": 2}  # solo-test seeds, paper preset
 # Decisions per forward/backward chunk in the update (memory only): the runs' MAGRPOConfig.micro_batch, where
@@ -138,6 +139,10 @@ class RunConfig:
     # Solo test (paper §6.4): the first this-many evaluation seeds are played by each agent alone (the others
     # idled); 0 = skip. At most eval_episodes (the full-team returns of the evaluation are reused).
     solo_episodes: int = 0
+    # How the compiled rollout cuts a wave's deciding rows into model calls: "auto" = per backend and mode
+    # (:meth:`jaxopt_marl.compiled_rollout.ChunkConfig.for_backend`), "single" = one padded call per wave
+    # (:meth:`~jaxopt_marl.compiled_rollout.ChunkConfig.single`: one compile; for tiny models and short runs).
+    chunking: str = "auto"
     # PA-MAGRPO hyper-parameters: K (num_rollouts), the rollouts' sampling temperature, learning rate, KL weight,
     # PPO clip, epochs, gradient clip, micro-batch, one adapter for all agents (shared_adapter, Ablation B), ...;
     # each declared once, with its paper source, in MAGRPOConfig.
@@ -149,6 +154,8 @@ class RunConfig:
             raise InputError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         if self.mode not in MODES:
             raise InputError(f"unknown scoring mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if self.chunking not in CHUNKINGS:
+            raise InputError(f"unknown chunking {self.chunking!r}; valid: {', '.join(CHUNKINGS)}")
         if self.eval_checkpoint not in EVAL_CHECKPOINTS:
             raise InputError(f"unknown eval checkpoint {self.eval_checkpoint!r}; valid: {', '.join(EVAL_CHECKPOINTS)}")
         if not 0 <= self.solo_episodes <= self.eval_episodes:
@@ -218,7 +225,7 @@ class RunConfig:
         p = cls.paper(game)
         return p.replace(**{**dict(preset="smoke", episode_steps=12, rounds=2, num_rollouts=2, lora_rank=2,
                                    learning_rate=1e-2, mode="sample", max_new_tokens=8, burnin_episodes=8,
-                                   eval_episodes=2, eval_base=True, solo_episodes=1), **kw})
+                                   eval_episodes=2, eval_base=True, solo_episodes=1, chunking="single"), **kw})
 
     @classmethod
     def from_preset(cls, preset: str, game: str, **kw) -> "RunConfig":
@@ -264,6 +271,9 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
                          "final (after the last round)")
     ap.add_argument("--solo-episodes", type=int, default=None,
                     help="solo test (paper §6.4) on this many evaluation seeds; 0 = skip (default: the preset's)")
+    ap.add_argument("--chunking", default=None,
+                    help="the compiled rollout's model calls per wave: auto (per backend and mode) | single (one "
+                         "padded call, one compile; the smoke preset's)")
     return ap
 
 
@@ -272,7 +282,8 @@ def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
     kw = {"seed": args.seed, "model": args.model}
     for flag, field in (("rounds", "rounds"), ("episode_steps", "episode_steps"), ("rollouts", "num_rollouts"),
                         ("eval_episodes", "eval_episodes"), ("mode", "mode"),
-                        ("eval_checkpoint", "eval_checkpoint"), ("solo_episodes", "solo_episodes")):
+                        ("eval_checkpoint", "eval_checkpoint"), ("solo_episodes", "solo_episodes"),
+                        ("chunking", "chunking")):
         if getattr(args, flag) is not None:
             kw[field] = getattr(args, flag)
     if args.no_eval_base:
@@ -591,11 +602,12 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
                                 shared_adapter=mcfg.shared_adapter)
     # The compiled rollout (one jitted program per call of K episodes, LLM included); it also plays the
     # evaluation, the frozen base and the solo test, in calls of K.
-    from jaxopt_marl.compiled_rollout import CompiledRoller
+    from jaxopt_marl.compiled_rollout import ChunkConfig, CompiledRoller
 
     try:
+        chunks = ChunkConfig.single(mcfg.num_rollouts * n_agents) if cfg.chunking == "single" else None
         roller = CompiledRoller(cfg.game, env, lib, compiled, model, tok, pcfg, menu_seed=cfg.seed,
-                                batch=mcfg.num_rollouts)
+                                batch=mcfg.num_rollouts, chunks=chunks)
     except ValueError as e:  # prompt or menu limits, letters that are not single tokens: before any compute
         raise InputError(str(e)) from None
     policy = roller.policy

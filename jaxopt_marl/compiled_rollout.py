@@ -112,6 +112,16 @@ class ChunkConfig:
         top = max(8, 1 << (max(rows, 1) - 1).bit_length())
         return cls(row_sizes=tuple(s for s in (64, 32, 16, 8) if s <= top), pad_rows=True, length_step=64)
 
+    @classmethod
+    def single(cls, rows: int) -> "ChunkConfig":
+        """One branch: every wave runs as one call of ``rows`` rows padded to the prompt limit.
+
+        For short runs with a tiny model (the smoke preset, the tests), where a row costs almost nothing and
+        compiling a branch per (rows, columns) pair is what takes the time: a 12-step Overcooked smoke run in
+        ``sample`` mode compiled 33 decode branches under :meth:`for_backend` (about 5 minutes cold on 2 cores).
+        """
+        return cls(row_sizes=(max(int(rows), 1),), pad_rows=True, length_step=1 << 20)
+
 
 class DecisionBuffers(NamedTuple):
     """Every LLM decision of one :meth:`CompiledRoller.collect` call, in order, ``[D]`` leading (D = K N T).

@@ -29,6 +29,21 @@ def tiny_roller(game, steps, policy_cfg):
     return rollout.Roller(game, env, lib, guards.compile_guards([], lib.vocab), pol, menu_seed=0)
 
 
+def tiny_compiled_roller(game, steps, policy_cfg, batch=2):
+    """As :func:`tiny_roller`, but the compiled rollout (:class:`jaxopt_marl.compiled_rollout.CompiledRoller`,
+    what the runs use) playing ``batch`` episodes per call, each wave in one padded model call (one compile)."""
+    import envs_jax
+    from jaxopt_marl import compiled_rollout, guards, options, rollout
+    from lora import LoRAConfig
+
+    env = envs_jax.make(game, max_steps=steps)
+    lib = options.get_library(game, env)
+    model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=2, rank=2, alpha=4.0))
+    return compiled_rollout.CompiledRoller(game, env, lib, guards.compile_guards([], lib.vocab), model, tok,
+                                           policy_cfg, menu_seed=0, batch=batch,
+                                           chunks=compiled_rollout.ChunkConfig.single(batch * lib.num_agents))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Option libraries
 # ---------------------------------------------------------------------------------------------------------

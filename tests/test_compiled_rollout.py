@@ -145,10 +145,10 @@ def cu_padded():
 
 
 def test_chunking_does_not_change_decisions(cu_padded):
-    """Exact chunks (4, 2, 1) with 128-token column buckets and one padded chunk per wave give the same
+    """Exact chunks (2, 1) with 256-token column buckets and one padded chunk per wave give the same
     decisions: every row samples with its own key, whatever shares its call."""
     key = jax.random.PRNGKey(3)
-    exact = _roller("cleanup", "choice_only", steps=10, chunks=cr.ChunkConfig(row_sizes=(4, 2, 1), length_step=128))
+    exact = _roller("cleanup", "choice_only", steps=10, chunks=cr.ChunkConfig(row_sizes=(2, 1), length_step=256))
     outs = [r.collect([11, 12], key) for r in (exact, cu_padded)]
     first = [(t["seed"], t["step"], t["aid"], t["choice"], t["prompt_ids"]) for t in outs[0].traces]
     assert len(first) > 14  # several agents decide per wave

@@ -11,7 +11,7 @@ import pytest
 
 from jaxopt_marl import magrpo, rollout, trainer
 from lora import split_model
-from tests.helpers import tiny_roller
+from tests.helpers import tiny_compiled_roller
 
 GAME = "overcooked_aa"
 STEPS = 8
@@ -20,7 +20,7 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def setup():
     """One roller / train step shared by every trainer (compiled once); ``fresh(dir)`` = a new run."""
-    roller = tiny_roller(GAME, STEPS, rollout.PolicyConfig(mode="choice_only", temperature=1.0))
+    roller = tiny_compiled_roller(GAME, STEPS, rollout.PolicyConfig(mode="choice_only", temperature=1.0))
     pol = roller.policy
     # Non-zero B so the KL term moves the adapters (fresh adapters are the reference: no gradient at all).
     _, adapters, _ = split_model(pol.model)
