@@ -151,12 +151,12 @@ class RunConfig:
             raise InputError(f"unknown scoring mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         if self.eval_checkpoint not in EVAL_CHECKPOINTS:
             raise InputError(f"unknown eval checkpoint {self.eval_checkpoint!r}; valid: {', '.join(EVAL_CHECKPOINTS)}")
-        if not 0 <= self.solo_episodes <= self.eval_episodes:
-            raise InputError(f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
-                             f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)")
         for name in ("episode_steps", "rounds", "lora_rank", "eval_episodes", "burnin_episodes", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.solo_episodes <= self.eval_episodes:
+            raise InputError(f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
+                             f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)")
 
     @property
     def reduced_budget(self) -> bool:
@@ -217,8 +217,8 @@ class RunConfig:
         """A few minutes: a tiny budget that tests the pipeline, on the tiny random model unless ``model`` is
         given (None = SmolLM2-135M-Instruct: the run warns that the budget is meaningless for a real model)."""
         p = cls.paper(game)
-        return p.replace(**{**dict(preset="smoke", model=TINY_RANDOM, episode_steps=12, rounds=2, num_rollouts=2, lora_rank=2,
-                                   learning_rate=1e-2, mode="sample", max_new_tokens=8, burnin_episodes=8,
+        return p.replace(**{**dict(preset="smoke", model=TINY_RANDOM, episode_steps=12, rounds=2, num_rollouts=2,
+                                   lora_rank=2, learning_rate=1e-2, mode="sample", max_new_tokens=8, burnin_episodes=8,
                                    eval_episodes=2, eval_base=True, solo_episodes=1), **kw})
 
     @classmethod
@@ -293,7 +293,8 @@ def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
 def check_model(model: str | None) -> None:
     """A model path must hold weights: a GGUF file whose header, tensor table and tensor sizes fit its metadata
     and the file's size (:func:`lora.gguf_loader.check_gguf`, milliseconds: a truncated file is caught here,
-    not when the weights are read), or an HF dir with config.json and *.safetensors.
+    not when the weights are read), or an HF dir with config.json and *.safetensors whose headers fit their
+    sizes (:func:`lora.hf_loader.check_safetensors`).
 
     Raises:
         InputError: naming the path and the cause (missing, not .gguf, no weights, truncated, misshapen).
@@ -311,6 +312,13 @@ def check_model(model: str | None) -> None:
     if p.is_dir():
         if not (p / "config.json").exists() or not any(p.glob("*.safetensors")):
             raise InputError(f"model directory {model} has no weights (needs config.json and *.safetensors)")
+        from lora.hf_loader import check_safetensors
+
+        for shard in sorted(p.glob("*.safetensors")):
+            try:
+                check_safetensors(str(shard))
+            except (ValueError, OSError) as e:
+                raise InputError(f"model {e}") from None
     elif p.is_file():
         if p.suffix != ".gguf":
             raise InputError(f"model file {model} is not a .gguf file")
@@ -437,6 +445,16 @@ def check_resume_guards(out: Path) -> None:
             except json.JSONDecodeError as e:
                 raise InputError(f"--resume: {guard_path}:{lineno}: malformed JSON ({e.msg}): "
                                  f"{line.strip()[:80]!r} ({_guards_hint(guard_path)})") from None
+
+
+def smoke_warning(cfg: RunConfig) -> str | None:
+    """The warning a smoke run with a real model prints (None for other presets and for ``tiny-random``)."""
+    if cfg.preset != "smoke" or cfg.model == TINY_RANDOM:
+        return None
+    return (f"warning: --preset smoke with a real model ({cfg.model or DEFAULT_MODEL_NAME}): the smoke budget "
+            f"({cfg.episode_steps}-step episodes, {cfg.rounds} rounds, lr {cfg.magrpo.learning_rate}, "
+            f"{cfg.max_new_tokens} new tokens) tests the pipeline, not the method; its parse rates, KL and returns "
+            f"are meaningless (use --preset cpu or paper for results)")
 
 
 def check_stats() -> None:
@@ -582,11 +600,6 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     import jax
     import numpy as np
 
-    # Compiled programs persist across runs (the 30-layer model compiles once per batch shape).
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE",
-                                                                  str(Path("runs/.jax_cache").resolve())))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
-
     import envs_jax
     from jaxopt_marl import guards as G, options
 
@@ -602,6 +615,11 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
             guards = G.load_guards(guard_path, lib.option_names, lib.vocab, reasons=lib.reasons)
         except (ValueError, OSError, UnicodeDecodeError) as e:
             raise InputError(f"--resume: {e} ({_guards_hint(guard_path)})") from None
+
+    # Compiled programs persist across runs (the 30-layer model compiles once per batch shape).
+    jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE",
+                                                                  str(Path("runs/.jax_cache").resolve())))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
     from envs_jax.render import write_gif
     from jaxopt_marl import audit, burnin, rollout, trainer
@@ -622,11 +640,8 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     if cfg.reduced_budget:
         print(f"  NOTE: preset '{cfg.preset}' is a REDUCED BUDGET, not the paper's (§6.1); results are not "
               f"comparable to the paper's numbers.")
-    if cfg.preset == "smoke" and cfg.model != TINY_RANDOM:
-        print(f"warning: --preset smoke with a real model ({cfg.model or DEFAULT_MODEL_NAME}): the smoke budget "
-              f"({cfg.episode_steps}-step episodes, {cfg.rounds} rounds, lr {mcfg.learning_rate}, "
-              f"{cfg.max_new_tokens} new tokens) tests the pipeline, not the method; its parse rates, KL and "
-              f"returns are meaningless (use --preset cpu or paper for results)", file=sys.stderr)
+    if smoke_warning(cfg):
+        print(smoke_warning(cfg), file=sys.stderr)
     if resume:
         print(f"  resuming from checkpoint round {ckpt_round}" if ckpt_round else "  resuming: no checkpoint yet")
     # 0b. The model and the prompt limits, before any compute and before the run directory is written: an
