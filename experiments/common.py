@@ -826,5 +826,7 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
         game = f"overcooked_{args.layout}"
     if args.preset is not None and args.preset not in PRESETS:
         raise InputError(f"unknown preset {args.preset!r}; valid presets: {', '.join(PRESETS)}")
+    if args.resume and args.force:
+        raise InputError("--resume and --force exclude each other")
     cfg = config_from_args(game, args)
     return run(cfg, Path(args.out) if args.out else None, resume=args.resume, force=args.force)

@@ -314,7 +314,8 @@ def check_gguf(path: str) -> dict:
     path: a ``.gguf`` file.
 
   Returns:
-    ``{"architecture", "version", "tensors", "layers", "data_bytes", "file_bytes"}``.
+    ``{"architecture", "version", "tensors", "layers", "data_start", "data_bytes", "file_bytes"}``: the tensor
+    data starts at byte ``data_start`` and ends at ``data_bytes`` (at most ``file_bytes``).
 
   Raises:
     FileNotFoundError: if ``path`` does not exist.
@@ -341,8 +342,8 @@ def check_gguf(path: str) -> dict:
                        f"{', '.join(map(str, GGUF_VERSIONS))})")
     n_tensors, n_kv = r.scalar("Q"), r.scalar("Q")
     if 24 * n_tensors + 12 * n_kv > size:  # a tensor entry takes >= 24 bytes, a metadata entry >= 12
-      raise ValueError(f"{path}: truncated or corrupt GGUF file: the header lists {n_tensors} tensors and {n_kv} "
-                       f"metadata entries, more than {size} bytes can hold")
+      raise ValueError(f"{path}: truncated GGUF file: it has {size} bytes, too few for the {n_tensors} tensors and "
+                       f"{n_kv} metadata entries its header lists; copy or download the file again")
     meta = {}
     for _ in range(n_kv):
       key = r.string()
@@ -435,4 +436,4 @@ def check_gguf(path: str) -> dict:
       raise ValueError(f"{path}: tensor {name!r} has shape {list(by_name[name])}, the metadata "
                        f"implies {list(shape)}")
   return {"architecture": arch, "version": version, "tensors": len(tensors), "layers": n_layers,
-          "data_bytes": data_end, "file_bytes": size}
+          "data_start": data_start, "data_bytes": data_end, "file_bytes": size}

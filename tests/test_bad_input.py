@@ -69,12 +69,13 @@ def _truncated(src: Path, dst: Path, n_bytes: int) -> Path:
     return dst
 
 
-def _cli(argv, capsys, game="cleanup", prog=PROG):
-    """Runs the run command in-process; returns (exit status, stderr lines)."""
-    capsys.readouterr()
+def _cli(argv, capfd, game="cleanup", prog=PROG):
+    """Runs the run command in-process; returns (exit status, stderr lines). Captured at the file descriptors:
+    importing jaxmarl resets ``sys.stderr`` to ``sys.__stderr__`` (its mabrax module), past ``capsys``."""
+    capfd.readouterr()
     with pytest.raises(SystemExit) as e:
         common.cli(game, prog, argv)
-    return e.value.code, capsys.readouterr().err.splitlines()
+    return e.value.code, capfd.readouterr().err.splitlines()
 
 
 def _one_line_error(code, err, *fragments):
@@ -106,9 +107,15 @@ def test_gguf_check_catches_truncation_anywhere(tmp_path):
                                          rf"tensors need {size} \(tensor 'blk.1.ffn_down.weight' ends at byte "
                                          rf"{size}\)"):
         check_gguf(str(cut))
-    head = _truncated(path, tmp_path / "head.gguf", 200)  # inside the metadata
-    with pytest.raises(ValueError, match=r"head.gguf: truncated GGUF file: it ends at byte 200, inside the header"):
+    start = check_gguf(str(path))["data_start"]
+    head = _truncated(path, tmp_path / "head.gguf", start - 40)  # inside the tensor table
+    with pytest.raises(ValueError, match=rf"head.gguf: truncated GGUF file: it ends at byte {start - 40}, inside "
+                                         rf"the header"):
         check_gguf(str(head))
+    tiny = _truncated(path, tmp_path / "tiny.gguf", 100)  # counts that 100 bytes cannot hold
+    with pytest.raises(ValueError, match=r"tiny.gguf: truncated GGUF file: it has 100 bytes, too few for the 20 "
+                                         r"tensors"):
+        check_gguf(str(tiny))
     (tmp_path / "zip.gguf").write_bytes(b"PK\x03\x04" + bytes(60))
     with pytest.raises(ValueError, match=r"zip.gguf: not a GGUF file \(starts with b'PK\\x03\\x04'"):
         check_gguf(str(tmp_path / "zip.gguf"))
@@ -148,21 +155,21 @@ def test_gguf_check_of_the_default_model_and_a_truncated_copy(tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_truncated_model_fails_in_one_line_with_no_run_folder(tmp_path, capsys):
+def test_truncated_model_fails_in_one_line_with_no_run_folder(tmp_path, capfd):
     model = _truncated(_write_tiny_gguf(tmp_path / "ok.gguf"), tmp_path / "cut.gguf", 300)
     out = tmp_path / "never"
-    code, err = _cli(["--preset", "smoke", "--model", str(model), "--out", str(out)], capsys)
+    code, err = _cli(["--preset", "smoke", "--model", str(model), "--out", str(out)], capfd)
     _one_line_error(code, err, f"error: model {model}: truncated GGUF file")
     assert not out.exists()
     # --force never deletes a run folder for a model that cannot load.
     out.mkdir()
     (out / "config.json").write_text("{}")
-    code, err = _cli(["--preset", "smoke", "--model", str(model), "--out", str(out), "--force"], capsys)
+    code, err = _cli(["--preset", "smoke", "--model", str(model), "--out", str(out), "--force"], capfd)
     _one_line_error(code, err, "truncated GGUF file")
     assert (out / "config.json").read_text() == "{}"
 
 
-def test_truncated_safetensors_in_a_model_dir(tmp_path, capsys):
+def test_truncated_safetensors_in_a_model_dir(tmp_path, capfd):
     from safetensors.numpy import save_file
 
     d = tmp_path / "hf"
@@ -172,11 +179,11 @@ def test_truncated_safetensors_in_a_model_dir(tmp_path, capsys):
     size = (d / "model.safetensors").stat().st_size
     full = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(full[:-4])
-    code, err = _cli(["--preset", "smoke", "--model", str(d), "--out", str(tmp_path / "never")], capsys)
+    code, err = _cli(["--preset", "smoke", "--model", str(d), "--out", str(tmp_path / "never")], capfd)
     _one_line_error(code, err, f"error: model {d / 'model.safetensors'}: truncated safetensors file: it has "
                                f"{size - 4} bytes but its 2 tensors need {size}")
     (d / "model.safetensors").write_bytes(full[:6])
-    code, err = _cli(["--preset", "smoke", "--model", str(d), "--out", str(tmp_path / "never")], capsys)
+    code, err = _cli(["--preset", "smoke", "--model", str(d), "--out", str(tmp_path / "never")], capfd)
     _one_line_error(code, err, "truncated or corrupt safetensors file: 6 bytes, header length missing")
     assert not (tmp_path / "never").exists()
 
@@ -194,28 +201,28 @@ def test_truncated_safetensors_in_a_model_dir(tmp_path, capsys):
     (["--model", "/nonexistent/model.gguf"], "error: model path /nonexistent/model.gguf does not exist"),
     (["--resume", "--force"], "error: --resume and --force exclude each other"),
 ])
-def test_bad_flag_values_fail_in_one_line(argv, message, tmp_path, capsys):
+def test_bad_flag_values_fail_in_one_line(argv, message, tmp_path, capfd):
     out = tmp_path / "never"
     argv = (["--preset", "smoke"] if "--preset" not in argv else []) + argv + ["--out", str(out)]
-    code, err = _cli(argv, capsys)
+    code, err = _cli(argv, capfd)
     assert _one_line_error(code, err).startswith(message)
     assert not out.exists()
 
 
-def test_out_that_is_a_file(tmp_path, capsys):
+def test_out_that_is_a_file(tmp_path, capfd):
     f = tmp_path / "file"
     f.write_text("x")
-    code, err = _cli(["--preset", "smoke", "--out", str(f)], capsys)
+    code, err = _cli(["--preset", "smoke", "--out", str(f)], capfd)
     _one_line_error(code, err, f"error: --out {f} exists and is not a directory")
-    code, err = _cli(["--preset", "smoke", "--out", str(f / "run")], capsys)
+    code, err = _cli(["--preset", "smoke", "--out", str(f / "run")], capfd)
     _one_line_error(code, err, f"error: --out {f / 'run'} cannot be created: {f} is not a directory")
 
 
-def test_debug_adds_the_traceback(tmp_path, capsys):
-    capsys.readouterr()
+def test_debug_adds_the_traceback(tmp_path, capfd):
+    capfd.readouterr()
     with pytest.raises(SystemExit) as e:
         common.cli("cleanup", PROG, ["--preset", "smoke", "--rounds", "0", "--out", str(tmp_path / "x"), "--debug"])
-    err = capsys.readouterr().err.splitlines()
+    err = capfd.readouterr().err.splitlines()
     assert e.value.code == 2 and err[0] == "Traceback (most recent call last):"
     assert err[-1] == "error: rounds must be >= 1, got 0" and len(err) > 3
 
@@ -230,25 +237,25 @@ def _resume_dir(tmp_path, guards_text: str) -> Path:
     return run
 
 
-def _resume(run, capsys):
-    return _cli(["--layout", "aa", "--preset", "smoke", "--out", str(run), "--resume"], capsys, game=None,
+def _resume(run, capfd):
+    return _cli(["--layout", "aa", "--preset", "smoke", "--out", str(run), "--resume"], capfd, game=None,
                 prog="python -m experiments.overcooked")
 
 
-def test_corrupt_guards_on_resume_names_file_and_line(tmp_path, capsys):
+def test_corrupt_guards_on_resume_names_file_and_line(tmp_path, capfd):
     run = _resume_dir(tmp_path, '{"opt": "fetch_onion"}\n{"opt": "fetch_dish", "lits\n')
     before = sorted(p.name for p in run.rglob("*"))
-    code, err = _resume(run, capsys)
+    code, err = _resume(run, capfd)
     _one_line_error(code, err, f"error: --resume: {run / 'guards.jsonl'}:2: malformed JSON",
                     f"delete {run / 'guards.jsonl'} to redo the burn-in")
     assert sorted(p.name for p in run.rglob("*")) == before  # nothing written
 
 
-def test_guards_that_do_not_fit_the_library_on_resume(tmp_path, capsys):
+def test_guards_that_do_not_fit_the_library_on_resume(tmp_path, capfd):
     # Valid JSON, but no such option: found when the guards are loaded against the library, before the model.
     run = _resume_dir(tmp_path, '{"opt": "fly_to_the_moon", "channel": "explicit", "when": {"reason": "r"}, '
                                 '"support": 1}\n')
-    code, err = _resume(run, capsys)
+    code, err = _resume(run, capfd)
     _one_line_error(code, err, f"error: --resume: {run / 'guards.jsonl'}:1: unknown option 'fly_to_the_moon'")
     assert not (run / "checkpoints").exists() and not (run / "metrics.jsonl").exists()
 
@@ -273,14 +280,14 @@ def test_smoke_preset_uses_the_tiny_model_unless_given():
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _run(main, argv, capsys):
-    capsys.readouterr()
+def _run(main, argv, capfd):
+    capfd.readouterr()
     with pytest.raises(SystemExit) as e:
         run_cli(main, argv)
-    return e.value.code, capsys.readouterr().err.splitlines()
+    return e.value.code, capfd.readouterr().err.splitlines()
 
 
-def test_burnin_bad_input(tmp_path, capsys):
+def test_burnin_bad_input(tmp_path, capfd):
     def main(argv):
         return burnin.main(burnin.parse_args(argv))
 
@@ -288,17 +295,17 @@ def test_burnin_bad_input(tmp_path, capsys):
                           (["--game", "chess"], "error: unknown game 'chess'"),
                           (["--game", "cleanup", "--episodes", "x"], "error: argument --episodes: invalid int"),
                           (["--game", "cleanup", "--chunk", "0"], "error: --chunk must be >= 1, got 0")):
-        code, err = _run(main, argv, capsys)
+        code, err = _run(main, argv, capfd)
         assert _one_line_error(code, err).startswith(message), err
     f = tmp_path / "file"
     f.write_text("x")
-    code, err = _run(main, ["--game", "cleanup", "--out", str(f)], capsys)
+    code, err = _run(main, ["--game", "cleanup", "--out", str(f)], capfd)
     _one_line_error(code, err, f"--out {f} exists and is not a directory")
     assert burnin.parse_args(["--game", "harvest", "--episodes", "3", "--steps", "9"]) == burnin.Args(
         game="harvest", episodes=3, steps=9)
 
 
-def test_bench_bad_input(tmp_path, capsys):
+def test_bench_bad_input(tmp_path, capfd):
     model = _truncated(_write_tiny_gguf(tmp_path / "ok.gguf"), tmp_path / "cut.gguf", 300)
     for argv, message in ((["nope"], "error: unknown benchmark 'nope'; valid: envs, llm, train, rollout"),
                           (["envs", "--games", "chess"], "error: --games: unknown game 'chess'"),
@@ -308,7 +315,7 @@ def test_bench_bad_input(tmp_path, capsys):
                           (["train", "--decisions", "0"], "error: --decisions must be >= 1, got 0"),
                           (["train", "--shape", "gpt5"], "error: argument --shape: invalid choice: 'gpt5'"),
                           (["rollout", "--rows", "8,x"], "error: --rows '8,x': expected comma-separated")):
-        code, err = _run(bench.main, argv, capsys)
+        code, err = _run(bench.main, argv, capfd)
         assert _one_line_error(code, err).startswith(message), err
     a = bench_envs.parse_args(["--games", "cleanup", "--n-envs", "1", "64", "--no-baseline"])
     assert (a.games, a.n_envs, a.baseline, a.steps) == (("cleanup",), (1, 64), False, 100)
