@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     for flag in ("decisions", "prompt_len", "response_len", "agents", "rank", "repeats"):
         positive(f"--{flag.replace('_', '-')}", getattr(a, flag))
     positive("--micro-batch", a.micro_batch, minimum=0)
-    if not 0 <= a.shared_prefix < a.prompt_len:
+    if not 0 <= a.shared_prefix < a.prompt_len:  # before the model is built
         p.error(f"--shared-prefix must be in [0, prompt-len), got {a.shared_prefix}")
 
     cfg = ModelConfig(**SHAPES[a.shape])
@@ -102,8 +102,6 @@ def main(argv: list[str] | None = None) -> None:
 
     rng = np.random.default_rng(0)
     d, tp, tr = a.decisions, a.prompt_len, a.response_len
-    if not 0 <= a.shared_prefix < tp:
-        p.error(f"--shared-prefix must be in [0, prompt-len), got {a.shared_prefix}")
     shared = rng.integers(1, cfg.vocab_size, a.shared_prefix).tolist()
     prompts = [shared + rng.integers(1, cfg.vocab_size, tp - a.shared_prefix).tolist() for _ in range(d)]
     responses = [rng.integers(1, cfg.vocab_size, tr).tolist() for _ in range(d)]
