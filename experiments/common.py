@@ -51,7 +51,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.cli import INPUT_ERROR_STATUS, ArgParser, InputError, run_cli
+from experiments.cli import INPUT_ERROR_STATUS, ArgParser, InputError, run_cli  # noqa: F401 (re-exported)
 from jaxopt_marl.magrpo import MAGRPOConfig
 
 GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
