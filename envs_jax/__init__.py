@@ -7,7 +7,7 @@ Every game is a JaxMARL ``MultiAgentEnv`` (``reset``/``step`` jittable and vmapp
   ``patches_alive`` in Harvest; ``deliveries`` in Overcooked, this episode so far).
 * ``env.render(state) -> uint8[H, W, 3]``: an RGB picture of the whole map.
 
-Games (see ``../shared/specs/environments.md``):
+Games (see ``docs/environments.md``):
 
 =================  ===========================================================  ======  =====
 name               reproduces                                                   agents  steps

@@ -3,7 +3,7 @@
 Reproduces ``meltingpot/configs/substrates/clean_up.py`` (map, prefabs, action set) with the rules of
 ``meltingpot/lua/levels/clean_up/components.lua`` (river monitor, dirt spawner, apple growth) and the avatar
 rules of ``meltingpot/lua/modules/avatar_library.lua`` / ``component_library.lua``, as written down in
-``shared/specs/environments.md`` §1 (map §1.1, agents §1.2, dynamics §1.3, episode §1.4).
+``docs/environments.md`` §1 (map §1.1, agents §1.2, dynamics §1.3, episode §1.4).
 
 Order of events in step t (spec §1.3):
   1. dirt spawn (t >= 51, w.p. 0.5) and apple growth, both from the dirt count at the end of step t-1;

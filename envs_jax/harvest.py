@@ -2,7 +2,7 @@
 
 Reproduces ``meltingpot/configs/substrates/commons_harvest__open.py`` (map, prefabs, action set) with the
 apple regrowth of ``meltingpot/lua/levels/commons_harvest/components.lua`` and the avatar rules of
-``meltingpot/lua/modules/avatar_library.lua``, as written down in ``shared/specs/environments.md`` §2
+``meltingpot/lua/modules/avatar_library.lua``, as written down in ``docs/environments.md`` §2
 (map §2.1, agents §2.2, dynamics §2.3, episode §2.4). Movement, beams and removal are shared with Clean Up
 (``envs_jax.meltingpot``).
 

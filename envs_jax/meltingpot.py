@@ -5,7 +5,7 @@ Reproduces the avatar, beam and respawn rules that Melting Pot 2.4.1 shares betw
 ``meltingpot/lua/modules/avatar_library.lua`` (relative movement, turning, the zap beam, removal and respawn,
 ``READY_TO_SHOOT``), the DMLab2D beam geometry (``dmlab2d/lib/system/grid_world/grid.cc``: length 3, radius 1)
 and the engine's sequential, randomly ordered move queue. The rules are those of
-``shared/specs/environments.md`` §1.2–§1.3 (Clean Up) and §2.2–§2.3 (Harvest, same avatar code).
+``docs/environments.md`` §1.2–§1.3 (Clean Up) and §2.2–§2.3 (Harvest, same avatar code).
 
 Everything here is a pure array function on one environment (no batch axis); the games ``vmap`` it.
 ``MeltingPotEnv`` is the thin JaxMARL shell both games share (spaces, auto-reset, observations, render).

@@ -1,5 +1,8 @@
 """Benchmarks: ``python -m experiments.bench {envs,llm} [options]``.
 
+Bad input (an unknown benchmark, flag or value) fails before any compute with one line ``error: ...`` and exit
+status 2 (``--debug``: the traceback too; :mod:`experiments.cli`).
+
 Each benchmark times its subject next to a baseline measured in the same process and prints a
 table (and JSON with ``--out``). Figures that go into BENCHMARKS.md come from these commands.
 
@@ -24,6 +27,13 @@ _BENCHES = {
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Runs the benchmark named by ``argv[0]`` with the rest of ``argv``.
+
+    Raises:
+        InputError: an unknown benchmark name (or, from the benchmark, a bad flag or value).
+    """
+    from experiments.cli import InputError
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -31,9 +41,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     name, rest = argv[0], argv[1:]
     if name not in _BENCHES:
-        raise SystemExit(f"unknown benchmark {name!r}; valid: {', '.join(_BENCHES)}")
+        raise InputError(f"unknown benchmark {name!r}; valid: {', '.join(_BENCHES)}")
     importlib.import_module(_BENCHES[name]).main(rest)
 
 
 if __name__ == "__main__":
-    main()
+    from experiments.cli import run_cli
+
+    run_cli(main)

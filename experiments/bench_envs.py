@@ -15,6 +15,7 @@ and the same random policy. Issue #2's targets: Cleanup >= 100,000 steps/s at 10
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import platform
@@ -25,9 +26,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tyro
 
 import envs_jax
+from experiments.cli import ArgParser, InputError, positive
 
 BASELINE = "jaxmarl_overcooked_v2_aa"
 
@@ -131,11 +132,36 @@ def _commit() -> str:
         return "unknown"
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = tyro.cli(Args, args=argv)
-    for g in args.games:
+def parse_args(argv: list[str] | None) -> Args:
+    """:class:`Args` from the command line.
+
+    Raises:
+        InputError: a bad flag or value, an unknown game, a count below 1.
+    """
+    d = Args()
+    ap = ArgParser(prog="python -m experiments.bench envs", description=__doc__.split("\n")[0])
+    ap.add_argument("--games", nargs="+", default=list(d.games), help="games to time (names as in envs_jax.make)")
+    ap.add_argument("--n-envs", nargs="+", type=int, default=list(d.n_envs), help="numbers of parallel environments")
+    ap.add_argument("--steps", type=int, default=d.steps, help="environment steps per timed call (the scan length)")
+    ap.add_argument("--reps", type=int, default=d.reps, help="timed calls per configuration")
+    ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=d.baseline,
+                    help="also time bare JaxMARL OvercookedV2 (Asymmetric Advantages)")
+    ap.add_argument("--out", type=Path, default=None, help="optional JSON file for the results")
+    ap.add_argument("--seed", type=int, default=d.seed, help="PRNG seed")
+    a = ap.parse_args(argv)
+    for g in a.games:
         if g not in envs_jax.GAMES:
-            raise SystemExit(f"unknown game {g!r}; valid: {', '.join(envs_jax.GAMES)}")
+            raise InputError(f"--games: unknown game {g!r}; valid: {', '.join(envs_jax.GAMES)}")
+    for n in a.n_envs:
+        positive("--n-envs", n)
+    positive("--steps", a.steps)
+    positive("--reps", a.reps)
+    return Args(games=tuple(a.games), n_envs=tuple(a.n_envs), steps=a.steps, reps=a.reps, baseline=a.baseline,
+                out=a.out, seed=a.seed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     meta = {
         "commit": _commit(),
         "device": str(jax.devices()[0]),

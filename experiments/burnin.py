@@ -4,20 +4,24 @@
 plus ``episodes`` all-agent episodes (the paper's AA burn-in is 2,000 + 2,000) and writes
 ``DIR/records.parquet``, ``DIR/guards.jsonl`` and ``DIR/burnin.json`` (episodes, decisions, seconds,
 decisions per second, guards per option).
+
+Bad input (an unknown game, a count below 1, an ``--out`` that is a file or not writable, a bad flag value)
+fails before any compute with one line ``error: ...`` and exit status 2 (``--debug``: the traceback too;
+:mod:`experiments.cli`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import tyro
+from experiments.cli import ArgParser, InputError, positive, run_cli
 
 GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
+PROG = "python -m experiments.burnin"
 
 
 @dataclasses.dataclass
@@ -38,19 +42,45 @@ class Args:
     """Steps per episode (default: the game's episode length)."""
 
     def __post_init__(self):
+        """Raises InputError on an unknown game or a count below 1 (naming the flag and the value)."""
         if self.game not in GAMES:
-            raise SystemExit(f"error: unknown game {self.game!r}; valid games: {', '.join(GAMES)}")
-        if self.episodes < 1:
-            raise SystemExit(f"error: --episodes must be >= 1, got {self.episodes}")
+            raise InputError(f"unknown game {self.game!r}; valid games: {', '.join(GAMES)}")
+        positive("--episodes", self.episodes)
+        positive("--chunk", self.chunk)
+        positive("--steps", self.steps)
+
+
+def parse_args(argv: list[str]) -> Args:
+    """:class:`Args` from the command line; a bad or missing flag is an :class:`InputError`."""
+    ap = ArgParser(prog=PROG, description="Uniform-over-menu burn-in and guard synthesis for one game "
+                                          "(paper §5.1): records.parquet, guards.jsonl, burnin.json in --out.")
+    ap.add_argument("--game", required=True, help=f"one of {', '.join(GAMES)}")
+    ap.add_argument("--episodes", type=int, default=2000,
+                    help="episodes of each kind: this many solo plus this many all-agent episodes (default 2000)")
+    ap.add_argument("--out", type=Path, default=Path("runs/burnin"),
+                    help="output directory: records.parquet, guards.jsonl, burnin.json (default runs/burnin)")
+    ap.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
+    ap.add_argument("--chunk", type=int, default=1000, help="episodes per jitted call, bounds memory (default 1000)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per episode (default: the game's episode length)")
+    a = ap.parse_args(argv)
+    return Args(game=a.game, episodes=a.episodes, out=a.out, seed=a.seed, chunk=a.chunk, steps=a.steps)
 
 
 def main(args: Args) -> dict:
+    """Runs the burn-in and guard synthesis of ``args``; returns ``burnin.json``'s summary.
+
+    Raises:
+        InputError: (before any compute) the game's option library is not available, or ``args.out`` is not a
+            directory that exists or can be created.
+    """
+    from experiments.common import check_out_dir
     from jaxopt_marl import options
 
+    check_out_dir(args.out)
     try:
         lib = options.get_library(args.game)
     except options.LibraryNotAvailable as e:
-        raise SystemExit(f"error: {e}") from None
+        raise InputError(str(e)) from None
 
     import jax
 
@@ -97,5 +127,4 @@ def main(args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
-    sys.exit(0)
+    run_cli(lambda argv: main(parse_args(argv)))

@@ -23,14 +23,20 @@ Presets (:class:`RunConfig` constructors):
   under 20 minutes on 2 CPU cores (episodes of 30 steps for Cleanup, 20 for Harvest, 80 for Overcooked; K 2,
   2 rounds, 1 PPO epoch, ``choice_only`` scoring, 2 evaluation episodes, 100 + 100 burn-in episodes, no update
   in rounds without return spread, a 1-seed solo test). Says so in the console and in the report.
-- ``smoke`` — a few minutes, for tests (pair with ``--model tiny-random``).
+- ``smoke`` — a few minutes, to test the pipeline end to end (every stage and file, resume, report), not the
+  method: 12-step episodes, 2 rounds, LoRA rank 2, lr 1e-2. Runs the 2-layer random model (``tiny-random``)
+  unless ``--model`` is given (``--model default`` = SmolLM2); with a real model it warns that the budget
+  gives meaningless training numbers.
 
 An existing run directory is never overwritten: pass ``--resume`` to continue it from its last complete
 checkpoint, or ``--force`` to delete it first. ``--resume`` takes the run's original flags: a value that differs
 from its ``config.json`` fails, naming each key with both values, except the keys of :data:`RESUME_MAY_DIFFER`
 (``rounds``, to extend or cut a run, and the evaluation-only settings, since a resumed run evaluates afresh).
-Bad input (unknown preset, game or layout, a model path without weights, a corrupt checkpoint or differing
-flags on ``--resume``) fails before any compute with a message naming it (exit status 2 from the command line).
+Bad input (a bad flag value, unknown preset, game or layout, a model path without weights, a truncated or
+mismatched GGUF file, an unusable ``--out``, a corrupt checkpoint, ``guards.jsonl`` or differing flags on
+``--resume``) fails before any compute, and before the run directory is written, with one line ``error: ...``
+naming the file or value and the cause, and exit status 2 from the command line (``--debug``: the traceback too;
+:mod:`experiments.cli`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.cli import INPUT_ERROR_STATUS, ArgParser, InputError, run_cli  # noqa: F401 (re-exported)
 from jaxopt_marl.magrpo import MAGRPOConfig
 
 GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
@@ -54,6 +61,8 @@ EVAL_SEED0 = 10000  # paper §6.1: 20 evaluation episodes, seeds disjoint from t
 PAPER_EVAL_EPISODES = 20
 EPISODE_STEPS = {"cleanup": 150, "harvest": 400, "overcooked_aa": 400, "overcooked_fc": 400}  # §6.1
 TINY_RANDOM = "tiny-random"
+DEFAULT_MODEL = "default"  # --model default: the embedded SmolLM2-135M-Instruct GGUF (RunConfig.model None)
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (GGUF)"
 EVAL_CHECKPOINTS = ("best", "final")  # best: paper §6.1 checkpoint rule; final: the last round's adapters
 CHUNKINGS = ("auto", "single")  # the compiled rollout's model calls per wave (RunConfig.chunking)
 CHECKPOINT_RULE = "highest training-time team return (paper §6.1)"
@@ -67,16 +76,7 @@ MAGRPO_FIELDS = frozenset(f.name for f in dataclasses.fields(MAGRPOConfig))
 # test run afresh after the last round of every invocation, and config.json is rewritten with the new values).
 # Everything else shapes the training trajectory (or the burn-in and guards that a resume reuses) and must match.
 RESUME_MAY_DIFFER = frozenset({"rounds", "eval_episodes", "eval_base", "eval_checkpoint", "solo_episodes"})
-# Exit status of InputError from the command line (argparse's for bad usage).
-INPUT_ERROR_STATUS = 2
-
-
-class InputError(SystemExit):
-    """Bad command-line input, raised before any compute; :func:`cli` prints the message and exits with status
-    :data:`INPUT_ERROR_STATUS` (raised uncaught, a SystemExit with a message exits with status 1)."""
-
-    def __init__(self, msg: str):
-        super().__init__(f"error: {msg}")
+# InputError and INPUT_ERROR_STATUS (2): experiments.cli, shared by every entry point.
 
 
 def check_game(game: str) -> None:
@@ -158,12 +158,12 @@ class RunConfig:
             raise InputError(f"unknown chunking {self.chunking!r}; valid: {', '.join(CHUNKINGS)}")
         if self.eval_checkpoint not in EVAL_CHECKPOINTS:
             raise InputError(f"unknown eval checkpoint {self.eval_checkpoint!r}; valid: {', '.join(EVAL_CHECKPOINTS)}")
-        if not 0 <= self.solo_episodes <= self.eval_episodes:
-            raise InputError(f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
-                             f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)")
         for name in ("episode_steps", "rounds", "lora_rank", "eval_episodes", "burnin_episodes", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.solo_episodes <= self.eval_episodes:
+            raise InputError(f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
+                             f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)")
 
     @property
     def reduced_budget(self) -> bool:
@@ -221,10 +221,11 @@ class RunConfig:
 
     @classmethod
     def smoke(cls, game: str, **kw) -> "RunConfig":
-        """A few minutes: tiny budget for the tests (use with ``--model tiny-random``)."""
+        """A few minutes: a tiny budget that tests the pipeline, on the tiny random model unless ``model`` is
+        given (None = SmolLM2-135M-Instruct: the run warns that the budget is meaningless for a real model)."""
         p = cls.paper(game)
-        return p.replace(**{**dict(preset="smoke", episode_steps=12, rounds=2, num_rollouts=2, lora_rank=2,
-                                   learning_rate=1e-2, mode="sample", max_new_tokens=8, burnin_episodes=8,
+        return p.replace(**{**dict(preset="smoke", model=TINY_RANDOM, episode_steps=12, rounds=2, num_rollouts=2,
+                                   lora_rank=2, learning_rate=1e-2, mode="sample", max_new_tokens=8, burnin_episodes=8,
                                    eval_episodes=2, eval_base=True, solo_episodes=1, chunking="single"), **kw})
 
     @classmethod
@@ -248,13 +249,15 @@ def default_preset() -> str:
 
 
 def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description="burn-in -> guards -> PA-MAGRPO -> evaluation -> report")
+    """The runs' flags; a bad value or unknown flag is an :class:`InputError` (:class:`experiments.cli.ArgParser`)."""
+    ap = ArgParser(prog=prog, description="burn-in -> guards -> PA-MAGRPO -> evaluation -> report")
     if layout:
         ap.add_argument("--layout", default="aa", help="Overcooked layout: aa (Asymmetric Advantages) or fc "
                                                        "(Forced Coordination)")
     ap.add_argument("--preset", default=None, help="paper | cpu | smoke (default: cpu without an accelerator)")
-    ap.add_argument("--model", default=None, help="HF checkpoint dir or GGUF file (default: SmolLM2-135M-Instruct "
-                                                  "GGUF); 'tiny-random' for tests")
+    ap.add_argument("--model", default=None, help="HF checkpoint dir or GGUF file; 'default' = SmolLM2-135M-Instruct "
+                                                  "GGUF (the default, except for --preset smoke: 'tiny-random', a "
+                                                  "2-layer random model for tests)")
     ap.add_argument("--out", default=None, help="run directory (default runs/<game>-<preset>-s<seed>)")
     ap.add_argument("--seed", type=int, default=0, help="run seed")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint (same "
@@ -279,7 +282,9 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
 
 def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
     preset = args.preset or default_preset()
-    kw = {"seed": args.seed, "model": args.model}
+    kw = {"seed": args.seed}
+    if args.model is not None:  # None: the preset's (smoke: tiny-random; else SmolLM2); "default": SmolLM2
+        kw["model"] = None if args.model == DEFAULT_MODEL else args.model
     for flag, field in (("rounds", "rounds"), ("episode_steps", "episode_steps"), ("rollouts", "num_rollouts"),
                         ("eval_episodes", "eval_episodes"), ("mode", "mode"),
                         ("eval_checkpoint", "eval_checkpoint"), ("solo_episodes", "solo_episodes"),
@@ -297,25 +302,61 @@ def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
 
 
 def check_model(model: str | None) -> None:
-    """A model path must hold weights (GGUF file, or an HF dir with config.json and *.safetensors)."""
-    if model is None or model == TINY_RANDOM:
-        if model is None:
-            from lora import gguf_loader
+    """A model path must hold weights: a GGUF file whose header, tensor table and tensor sizes fit its metadata
+    and the file's size (:func:`lora.gguf_loader.check_gguf`, milliseconds: a truncated file is caught here,
+    not when the weights are read), or an HF dir with config.json and *.safetensors whose headers fit their
+    sizes (:func:`lora.hf_loader.check_safetensors`).
 
-            try:
-                gguf_loader.default_gguf_path()
-            except FileNotFoundError as e:
-                raise InputError(str(e)) from None
+    Raises:
+        InputError: naming the path and the cause (missing, not .gguf, no weights, truncated, misshapen).
+    """
+    if model == TINY_RANDOM:
         return
+    from lora import gguf_loader
+
+    if model is None:
+        try:
+            model = gguf_loader.default_gguf_path()
+        except FileNotFoundError as e:
+            raise InputError(str(e)) from None
     p = Path(model)
     if p.is_dir():
         if not (p / "config.json").exists() or not any(p.glob("*.safetensors")):
             raise InputError(f"model directory {model} has no weights (needs config.json and *.safetensors)")
+        from lora.hf_loader import check_safetensors
+
+        for shard in sorted(p.glob("*.safetensors")):
+            try:
+                check_safetensors(str(shard))
+            except (ValueError, OSError) as e:
+                raise InputError(f"model {e}") from None
     elif p.is_file():
         if p.suffix != ".gguf":
             raise InputError(f"model file {model} is not a .gguf file")
+        try:
+            gguf_loader.check_gguf(str(p))
+        except (ValueError, OSError) as e:
+            raise InputError(f"model {e}") from None
     else:
         raise InputError(f"model path {model} does not exist")
+
+
+def check_out_dir(out: Path) -> None:
+    """InputError unless ``out`` is a directory or can be created (its nearest existing parent is a writable
+    directory): found before any compute, not when the first file is written."""
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(f"--out {out} exists and is not a directory")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise InputError(f"--out {out} is not writable")
+        return
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"--out {out} cannot be created: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out} cannot be created: {parent} is not writable")
 
 
 def check_checkpoint(run_dir: Path) -> int | None:
@@ -385,6 +426,46 @@ def check_resume_config(old: dict, cfg: RunConfig, conf: Path) -> None:
         raise InputError(f"--resume: the flags differ from {conf} in {len(diff)} key(s): {keys}. Give the run's "
                          f"original flags (on --resume only {', '.join(sorted(RESUME_MAY_DIFFER))} may change) or "
                          f"a new --out")
+
+
+def _guards_hint(guard_path: Path) -> str:
+    return f"delete {guard_path} to redo the burn-in and guard synthesis, or start again with --force"
+
+
+def check_resume_guards(out: Path) -> None:
+    """On ``--resume``, the JSON syntax of ``out/guards.jsonl`` (reused when ``burnin/burnin.json`` exists), read
+    before JAX and the games are imported: a truncated or garbled file fails in about a second. The guards'
+    contents (options, features, values) are checked when they are loaded against the option library (step 0a
+    of :func:`run`), still before the model and any compute.
+
+    Raises:
+        InputError: ``--resume: <file>:<line>: malformed JSON (...)`` (or unreadable), with what to do.
+    """
+    guard_path = out / "guards.jsonl"
+    if not ((out / "burnin" / "burnin.json").exists() and guard_path.exists()):
+        return
+    try:
+        lines = guard_path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--resume: {guard_path} is unreadable ({type(e).__name__}: {e}) "
+                         f"({_guards_hint(guard_path)})") from None
+    for lineno, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"--resume: {guard_path}:{lineno}: malformed JSON ({e.msg}): "
+                                 f"{line.strip()[:80]!r} ({_guards_hint(guard_path)})") from None
+
+
+def smoke_warning(cfg: RunConfig) -> str | None:
+    """The warning a smoke run with a real model prints (None for other presets and for ``tiny-random``)."""
+    if cfg.preset != "smoke" or cfg.model == TINY_RANDOM:
+        return None
+    return (f"warning: --preset smoke with a real model ({cfg.model or DEFAULT_MODEL_NAME}): the smoke budget "
+            f"({cfg.episode_steps}-step episodes, {cfg.rounds} rounds, lr {cfg.magrpo.learning_rate}, "
+            f"{cfg.max_new_tokens} new tokens) tests the pipeline, not the method; its parse rates, KL and returns "
+            f"are meaningless (use --preset cpu or paper for results)")
 
 
 def check_stats() -> None:
@@ -519,7 +600,10 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     t_start = time.perf_counter()
     out = Path(out or f"runs/{cfg.game}-{cfg.preset}-s{cfg.seed}")
     # 0. Every check that needs no compute.
+    check_out_dir(out)
     check_model(cfg.model)
+    if resume:
+        check_resume_guards(out)  # before check_library, which imports the games (seconds)
     check_library(cfg.game)
     check_stats()
     ckpt_round = prepare_run_dir(cfg, out, resume, force)
@@ -527,20 +611,35 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     import jax
     import numpy as np
 
+    import envs_jax
+    from jaxopt_marl import guards as G, options
+
+    # 0a. On --resume, the burn-in's guards are reused: a corrupt guards.jsonl stops here, naming its file and line
+    # (before the heavier imports, the model and the header).
+    env = envs_jax.make(cfg.game, max_steps=cfg.episode_steps)
+    lib = options.get_library(cfg.game, env)
+    bdir = out / "burnin"
+    guard_path = out / "guards.jsonl"
+    guards = None
+    if resume and (bdir / "burnin.json").exists() and guard_path.exists():
+        try:
+            guards = G.load_guards(guard_path, lib.option_names, lib.vocab, reasons=lib.reasons)
+        except (ValueError, OSError, UnicodeDecodeError) as e:
+            raise InputError(f"--resume: {e} ({_guards_hint(guard_path)})") from None
+
     # Compiled programs persist across runs (the 30-layer model compiles once per batch shape).
     jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE",
                                                                   str(Path("runs/.jax_cache").resolve())))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
-    import envs_jax
     from envs_jax.render import write_gif
-    from jaxopt_marl import audit, burnin, guards as G, options, rollout, trainer
+    from jaxopt_marl import audit, burnin, rollout, trainer
     from jaxopt_marl.records import write_records
     from lora import LoRAConfig
 
     n_agents = 2 if cfg.overcooked else 7
     print(f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} device={jax.devices()[0]} "
-          f"model={cfg.model or 'SmolLM2-135M-Instruct (GGUF)'} | out={out}")
+          f"model={cfg.model or DEFAULT_MODEL_NAME} | out={out}")
     mcfg = cfg.magrpo
     print(f"  {cfg.rounds} rounds x K={mcfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {n_agents} agents, "
           f"scoring={cfg.mode}, T={mcfg.temperature}, LoRA r={cfg.lora_rank}, lr={mcfg.learning_rate}, "
@@ -552,6 +651,8 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     if cfg.reduced_budget:
         print(f"  NOTE: preset '{cfg.preset}' is a REDUCED BUDGET, not the paper's (§6.1); results are not "
               f"comparable to the paper's numbers.")
+    if smoke_warning(cfg):
+        print(smoke_warning(cfg), file=sys.stderr)
     if resume:
         print(f"  resuming from checkpoint round {ckpt_round}" if ckpt_round else "  resuming: no checkpoint yet")
     # 0b. The model and the prompt limits, before any compute and before the run directory is written: an
@@ -563,10 +664,8 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     try:
         model, tok = rollout.load_policy_model(cfg.model, lcfg, seed=cfg.seed)
     except (ValueError, OSError) as e:
-        raise InputError(f"model {cfg.model or 'SmolLM2-135M-Instruct (GGUF)'} could not be loaded: {e}") from None
+        raise InputError(f"model {cfg.model or DEFAULT_MODEL_NAME} could not be loaded: {e}") from None
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
-    env = envs_jax.make(cfg.game, max_steps=cfg.episode_steps)
-    lib = options.get_library(cfg.game, env)
     try:
         from jaxopt_marl.prompt_ids import PromptIds
 
@@ -577,11 +676,8 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     (out / "config.json").write_text(json.dumps({**cfg.flat_dict(), "reduced_budget": cfg.reduced_budget,
                                                  "num_agents": n_agents, "eval_seed0": EVAL_SEED0}, indent=2) + "\n")
 
-    # 1. Burn-in and guards.
-    bdir = out / "burnin"
-    guard_path = out / "guards.jsonl"
-    if resume and (bdir / "burnin.json").exists() and guard_path.exists():
-        guards = G.load_guards(guard_path, lib.option_names, lib.vocab, reasons=lib.reasons)
+    # 1. Burn-in and guards (on --resume: those loaded in step 0b).
+    if guards is not None:
         print(f"burn-in: reusing {bdir} ({len(guards)} guards)")
     else:
         res = burnin.run_burnin(lib, env, cfg.burnin_episodes, cfg.burnin_episodes, seed=cfg.seed, chunk=100,
@@ -721,14 +817,15 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     return out
 
 
-def cli(game: str | None, prog: str) -> Path:
-    """The command line's entry point: :func:`main` on ``sys.argv``; an :class:`InputError` prints its message to
-    stderr and exits with status :data:`INPUT_ERROR_STATUS`."""
-    try:
-        return main(game, prog=prog)
-    except InputError as e:
-        print(e.code, file=sys.stderr)
-        raise SystemExit(INPUT_ERROR_STATUS) from None
+def cli(game: str | None, prog: str, argv: list[str] | None = None) -> Path:
+    """The command line's entry point: :func:`main` on ``argv`` (default ``sys.argv[1:]``) under
+    :func:`experiments.cli.run_cli`.
+
+    Raises:
+        SystemExit: status :data:`INPUT_ERROR_STATUS` (2) on bad input, after one line ``error: ...`` on stderr
+            (``--debug``: the traceback too).
+    """
+    return run_cli(lambda a: main(game, a, prog=prog), argv)
 
 
 def main(game: str | None, argv: list[str] | None = None, prog: str = "experiments") -> Path:
@@ -741,5 +838,7 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
         game = f"overcooked_{args.layout}"
     if args.preset is not None and args.preset not in PRESETS:
         raise InputError(f"unknown preset {args.preset!r}; valid presets: {', '.join(PRESETS)}")
+    if args.resume and args.force:
+        raise InputError("--resume and --force exclude each other")
     cfg = config_from_args(game, args)
     return run(cfg, Path(args.out) if args.out else None, resume=args.resume, force=args.force)

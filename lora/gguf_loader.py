@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import struct
 
 import numpy as np
 
@@ -176,12 +177,13 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
 
   Raises:
     FileNotFoundError: if ``path`` does not exist.
-    ValueError: if the file is not valid GGUF, the architecture is unsupported, or a tensor name
-      is unknown (each message names the file).
+    ValueError: if the file is not valid GGUF, is truncated, the architecture is unsupported, or a
+      tensor name or shape does not fit the metadata (each message names the file; :func:`check_gguf`).
   """
   import gguf
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path}: model file not found")
+  check_gguf(path)  # header, tensor table and sizes first: a truncated file fails here, naming the cause
   try:
     reader = gguf.GGUFReader(path)
   except Exception as exc:  # the reader raises ValueError/struct.error/... on corrupt files
@@ -242,3 +244,196 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
       array = unpermute_qk(array, n_head if ".q_proj." in hf else n_kv)
     weights[hf] = array
   return cfg, weights, meta
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Header check (no tensor data read): a truncated or mismatched file fails in milliseconds, naming the cause.
+# ---------------------------------------------------------------------------------------------------------
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+GGUF_DEFAULT_ALIGNMENT = 32
+# GGUF value types (gguf-py ``GGUFValueType``) -> struct format of one scalar; 8 = string, 9 = array.
+_GGUF_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+# Per-layer tensors every supported architecture has, and the optional ones (biases: qwen2; q/k norms: qwen3).
+_LAYER_TENSORS = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                  "ffn_down")
+
+
+class _HeaderReader:
+  """Sequential little- or big-endian reads from a GGUF header; a read past the end is a truncation error."""
+
+  def __init__(self, fh, path: str, size: int):
+    self.fh, self.path, self.size, self.endian = fh, path, size, "<"
+
+  def read(self, n: int) -> bytes:
+    b = self.fh.read(n)
+    if len(b) < n:
+      raise ValueError(f"{self.path}: truncated GGUF file: it ends at byte {self.size}, inside the header "
+                       f"(metadata / tensor table); copy or download the file again")
+    return b
+
+  def scalar(self, fmt: str):
+    return struct.unpack(self.endian + fmt, self.read(struct.calcsize(fmt)))[0]
+
+  def string(self) -> str:
+    n = self.scalar("Q")
+    if n > self.size:
+      raise ValueError(f"{self.path}: corrupt GGUF header: a string of {n} bytes in a file of {self.size} bytes")
+    return self.read(n).decode("utf-8", "replace")
+
+  def value(self, vtype: int, keep: bool = True):
+    if vtype in _GGUF_SCALAR:
+      return self.scalar(_GGUF_SCALAR[vtype])
+    if vtype == _GGUF_STRING:
+      return self.string()
+    if vtype == _GGUF_ARRAY:
+      etype, count = self.scalar("I"), self.scalar("Q")
+      if count > self.size:
+        raise ValueError(f"{self.path}: corrupt GGUF header: an array of {count} entries in a file of "
+                         f"{self.size} bytes")
+      if etype in _GGUF_SCALAR and not keep:  # skip fixed-size arrays without decoding them
+        self.read(count * struct.calcsize(_GGUF_SCALAR[etype]))
+        return count
+      items = [self.value(etype) for _ in range(count)]
+      return items if keep else count
+    raise ValueError(f"{self.path}: corrupt GGUF header: unknown value type {vtype}")
+
+
+def check_gguf(path: str) -> dict:
+  """Checks a GGUF file's header, tensor table and sizes without reading tensor data (milliseconds).
+
+  Reads the magic, version, metadata and tensor table, then checks: the architecture is supported and its
+  metadata complete; the tensors are exactly those of the metadata's configuration (``block_count`` layers;
+  tied or separate output; qkv biases and q/k norms on every layer or none) with the shapes that configuration
+  implies; the tokenizer's vocabulary fits ``token_embd.weight``; every tensor's data (offset + size from its
+  type and shape) lies inside the file, so a truncated file is caught here rather than when its weights are read.
+
+  Args:
+    path: a ``.gguf`` file.
+
+  Returns:
+    ``{"architecture", "version", "tensors", "layers", "data_start", "data_bytes", "file_bytes"}``: the tensor
+    data starts at byte ``data_start`` and ends at ``data_bytes`` (at most ``file_bytes``).
+
+  Raises:
+    FileNotFoundError: if ``path`` does not exist.
+    ValueError: naming ``path`` and the cause: not GGUF (bad magic), an unsupported version or architecture,
+      missing metadata, a truncated file (header or tensor data past the end: the tensor and both sizes),
+      an unknown, missing or misshapen tensor (its name, the shape found and the shape expected), or an
+      unknown tensor type.
+  """
+  import gguf
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: model file not found")
+  size = os.path.getsize(path)
+  with open(path, "rb") as fh:
+    r = _HeaderReader(fh, path, size)
+    magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+      raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    raw = r.read(4)
+    version = struct.unpack("<I", raw)[0]
+    if version & 0xFFFF == 0 and struct.unpack(">I", raw)[0] in GGUF_VERSIONS:
+      r.endian, version = ">", struct.unpack(">I", raw)[0]
+    if version not in GGUF_VERSIONS:
+      raise ValueError(f"{path}: unsupported GGUF version {version} (supported: "
+                       f"{', '.join(map(str, GGUF_VERSIONS))})")
+    n_tensors, n_kv = r.scalar("Q"), r.scalar("Q")
+    if 24 * n_tensors + 12 * n_kv > size:  # a tensor entry takes >= 24 bytes, a metadata entry >= 12
+      raise ValueError(f"{path}: truncated GGUF file: it has {size} bytes, too few for the {n_tensors} tensors and "
+                       f"{n_kv} metadata entries its header lists; copy or download the file again")
+    meta = {}
+    for _ in range(n_kv):
+      key = r.string()
+      vtype = r.scalar("I")
+      # Token lists are only counted (the loader decodes them); everything else is kept.
+      meta[key] = r.value(vtype, keep=not key.startswith("tokenizer.ggml."))
+    tensors = []
+    for _ in range(n_tensors):
+      name = r.string()
+      n_dims = r.scalar("I")
+      if n_dims > 8:
+        raise ValueError(f"{path}: corrupt GGUF tensor table: tensor {name!r} has {n_dims} dimensions")
+      dims = tuple(r.scalar("Q") for _ in range(n_dims))
+      ttype, offset = r.scalar("I"), r.scalar("Q")
+      tensors.append((name, dims, ttype, offset))
+    header_end = fh.tell()
+  align = int(meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT) or GGUF_DEFAULT_ALIGNMENT)
+  data_start = -(-header_end // align) * align
+
+  arch = meta.get("general.architecture")
+  if arch not in ("llama", "qwen2", "qwen3"):
+    raise ValueError(f"{path}: unsupported architecture {arch!r} (supported: llama, qwen2, qwen3)")
+
+  def need(key):
+    value = meta.get(f"{arch}.{key}")
+    if value is None:
+      raise ValueError(f"{path}: GGUF metadata lacks {arch}.{key}")
+    return int(value)
+
+  n_embd, n_head, n_layers, n_ff = (need("embedding_length"), need("attention.head_count"), need("block_count"),
+                                    need("feed_forward_length"))
+  n_kv_head = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
+  head_dim = int(meta.get(f"{arch}.attention.key_length", n_embd // max(n_head, 1)))
+  n_tok = meta.get("tokenizer.ggml.tokens", 0)
+  vocab = int(meta.get(f"{arch}.vocab_size", n_tok))
+
+  # Sizes: every tensor's bytes inside the file.
+  ends, by_name = [], {}
+  for name, dims, ttype, offset in tensors:
+    try:
+      block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
+    except (ValueError, KeyError):
+      raise ValueError(f"{path}: tensor {name!r} has unknown GGML type {ttype}") from None
+    if dims and dims[0] % block:
+      raise ValueError(f"{path}: tensor {name!r} of shape {list(dims)}: first dimension not a multiple of its "
+                       f"type's block of {block}")
+    count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    ends.append((data_start + offset + count // block * type_size, name))
+    by_name[name] = tuple(int(d) for d in dims)
+  data_end = max((e for e, _ in ends), default=data_start)
+  if data_end > size:
+    end, name = next((e, n) for e, n in ends if e > size)
+    raise ValueError(f"{path}: truncated GGUF file: it has {size} bytes but its {len(tensors)} tensors need "
+                     f"{data_end} (tensor {name!r} ends at byte {end}); copy or download the file again")
+
+  # Names and shapes: exactly the configuration's tensors (GGUF lists the fastest axis first).
+  q, kv = n_head * head_dim, n_kv_head * head_dim
+  want = {"token_embd.weight": (n_embd, vocab), "output_norm.weight": (n_embd,)}
+  if "output.weight" in by_name:
+    want["output.weight"] = (n_embd, vocab)
+  if "rope_freqs.weight" in by_name:  # its length is checked by llama3_rope_scaling when it is read
+    want["rope_freqs.weight"] = by_name["rope_freqs.weight"]
+  layer = {"attn_norm.weight": (n_embd,), "ffn_norm.weight": (n_embd,), "attn_q.weight": (n_embd, q),
+           "attn_k.weight": (n_embd, kv), "attn_v.weight": (n_embd, kv), "attn_output.weight": (q, n_embd),
+           "ffn_gate.weight": (n_embd, n_ff), "ffn_up.weight": (n_embd, n_ff), "ffn_down.weight": (n_ff, n_embd)}
+  if "blk.0.attn_q.bias" in by_name:
+    layer.update({"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
+  if "blk.0.attn_q_norm.weight" in by_name:
+    layer.update({"attn_q_norm.weight": (head_dim,), "attn_k_norm.weight": (head_dim,)})
+  for i in range(n_layers):
+    want.update({f"blk.{i}.{k}": v for k, v in layer.items()})
+  extra = [n for n in by_name if n not in want]
+  if extra:
+    known = any(re.fullmatch(p, extra[0]) for p, _ in GGUF_TO_HF)
+    raise ValueError(f"{path}: " + (f"tensor {extra[0]!r} does not fit the metadata ({arch}.block_count = "
+                                    f"{n_layers})" if known else
+                                    f"unexpected tensor {extra[0]!r} for architecture {arch!r}")
+                     + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+  missing = [n for n in want if n not in by_name]
+  if missing:
+    raise ValueError(f"{path}: {len(by_name)} tensors, but the metadata's configuration ({arch}, {n_layers} "
+                     f"layers) needs {len(want)}: missing {missing[0]!r}"
+                     + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+  rows = by_name["token_embd.weight"][-1]
+  if n_tok and (n_tok != rows or n_tok != vocab):
+    raise ValueError(f"{path}: tokenizer vocabulary has {n_tok} tokens but token_embd.weight has "
+                     f"{rows} rows (vocab_size {vocab})")
+  for name, shape in want.items():
+    if by_name[name] != tuple(shape):
+      raise ValueError(f"{path}: tensor {name!r} has shape {list(by_name[name])}, the metadata "
+                       f"implies {list(shape)}")
+  return {"architecture": arch, "version": version, "tensors": len(tensors), "layers": n_layers,
+          "data_start": data_start, "data_bytes": data_end, "file_bytes": size}

@@ -53,6 +53,40 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
       max_position_embeddings=hf.get("max_position_embeddings", 8192))
 
 
+def check_safetensors(path: str) -> int:
+  """Checks one safetensors file's header against its size without reading tensor data (milliseconds).
+
+  Returns:
+    The number of tensors.
+
+  Raises:
+    ValueError: naming ``path``: a header that is cut off or not JSON, or tensor data past the end of the file
+      (a truncated file: both sizes).
+  """
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    head = f.read(8)
+    n = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if n < 2 or 8 + n > size:
+      raise ValueError(f"{path}: truncated or corrupt safetensors file: {size} bytes, header length "
+                       f"{n if n >= 0 else 'missing'}")
+    try:
+      header = json.loads(f.read(n))
+    except (ValueError, UnicodeDecodeError) as exc:
+      raise ValueError(f"{path}: corrupt safetensors header ({exc})") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: corrupt safetensors header (not a JSON object)")
+  tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+  try:
+    end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+  except (TypeError, KeyError, IndexError, ValueError):
+    raise ValueError(f"{path}: corrupt safetensors header (a tensor without data_offsets)") from None
+  if 8 + n + end > size:
+    raise ValueError(f"{path}: truncated safetensors file: it has {size} bytes but its {len(tensors)} tensors "
+                     f"need {8 + n + end}; copy or download the file again")
+  return len(tensors)
+
+
 def read_safetensors(directory: str) -> dict[str, np.ndarray]:
   """All tensors of a (possibly sharded) safetensors checkpoint as numpy arrays (bf16 kept via
   ml_dtypes).
