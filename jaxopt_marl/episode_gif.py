@@ -2,8 +2,9 @@
 
 The frames come from :meth:`jaxopt_marl.compiled_rollout.CompiledRoller.replay_frames` (the recorded primitive
 actions of one evaluation episode re-played with the same env keys: exactly that episode, not a fresh sample).
-Each GIF frame is the game's ``env.render`` picture with a header (caption; ``step t / T``: the picture shows the
-state after env step t) above it and a legend (every colour the renderer uses, with its meaning) below it.
+Each GIF frame is the game's ``env.render`` picture with a header (``step t / T``: the picture shows the state
+after env step t; then the caption) above it and a legend (every colour the renderer uses, with its meaning)
+below it.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _font(size: int):
 
 def annotate_frames(frames: np.ndarray, legend: Sequence[tuple[str, tuple[int, int, int]]],
                     caption: str) -> np.ndarray:
-    """Frames with a header (``caption`` and ``step t / T``) and a legend panel.
+    """Frames with a header (first line ``step t / T``, then ``caption``, wrapped) and a legend panel.
 
     Args:
         frames: uint8[T, H, W, 3] rendered states, frame t after env step t + 1.
@@ -103,8 +104,8 @@ def annotate_frames(frames: np.ndarray, legend: Sequence[tuple[str, tuple[int, i
     header_h = (len(lines) + 1) * row_h + pad
     base = Image.new("RGB", (width, header_h + h + legend_h), _PAPER)
     draw = ImageDraw.Draw(base)
-    for k, line in enumerate(lines):
-        draw.text((pad, pad // 2 + k * row_h), line, fill=_INK, font=font)
+    for k, line in enumerate(lines):  # the first header line is the step counter's
+        draw.text((pad, pad // 2 + (k + 1) * row_h), line, fill=_INK, font=font)
     top = header_h + h + pad
     for x, y, label, rgb in cells:
         draw.rectangle([x, top + y + 2, x + sw, top + y + 2 + sw], fill=rgb, outline=(0, 0, 0))
@@ -113,7 +114,7 @@ def annotate_frames(frames: np.ndarray, legend: Sequence[tuple[str, tuple[int, i
     for t in range(t_max):
         im = base.copy()
         d = ImageDraw.Draw(im)
-        d.text((pad, pad // 2 + len(lines) * row_h), f"step {t + 1} / {t_max}", fill=_INK, font=font)
+        d.text((pad, pad // 2), f"step {t + 1} / {t_max}", fill=_INK, font=font)
         im.paste(Image.fromarray(f[t]), ((width - w) // 2, header_h))
         out[t] = np.asarray(im)
     return out

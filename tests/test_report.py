@@ -91,7 +91,7 @@ def test_report_contains_expected_numbers_and_figures(tmp_path):
     assert "| a0 | 3 | 100.0% | 0.0% | 0.0% |" in md
     assert "| a1 | 3 | 0.0% | 66.7% | 33.3% |" in md
     assert "1 × clean" in md and "1 × eat" in md
-    # trajectories: agent 0 stationary 1.000, agent 1 0.000; waiting fraction from opt_ids (agent 1 always wait)
+    # trajectories: agent 0 stationary 1.000, agent 1 0.000; waiting fraction from the running options (agent 1 always wait)
     assert "| a0 | 1.000 | 3.50 ± 0.71 | 0.000 | clean |" in md
     assert "| a1 | 0.000 | 0.50 ± 0.71 | 1.000 | idle |" in md
     # spec §4: team returns 3 and 5 over 4 steps -> efficiency 0.75 and 1.25
