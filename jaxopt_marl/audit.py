@@ -7,7 +7,8 @@ the run's records into those numbers:
 
 - option histograms per agent and the role split (Fig. 1, §6.4 "Cleanup: emergent role specialization"),
 - idling (stationary steps; time spent in ``wait``-like options),
-- per-agent apples (sum of the positive unshaped reward: apples eaten) and deliveries (successful ``deliver`` decisions),
+- per-agent apples (sum of the positive unshaped reward: apples eaten) and deliveries (successful ``deliver``
+  decisions), Overcooked counter hand-offs,
 - visit heatmaps per agent (Fig. 3),
 - Harvest patch survival (Fig. 2; spec ``environments.md`` §4),
 - solo tests (§6.4 "Overcooked: high reward without coordination"), through a rollout callback,
@@ -759,10 +760,10 @@ def mean_std(x: Sequence[float] | np.ndarray, ddof: int = 1) -> tuple[float, flo
 
 
 __all__ = [
-    "DELIVER", "NO_OPTION", "OTHER", "OUTCOMES", "ROLE_KEYWORDS", "RoleSplit", "MIN_SOLO_SEEDS", "SOLO_VERDICTS", "SoloResult",
-    "DROP", "PICK", "extinction_step", "fractions", "handoffs", "mean_std", "option_category", "option_entropy", "option_histogram",
-    "option_step_histogram", "outcome_class", "outcome_table", "parse_fail_rate", "patches_alive",
-    "per_agent_apples", "per_agent_returns", "record_option", "record_parse_failed", "role_split",
-    "social_metrics", "solo_scoring_seeds", "solo_test", "solo_verdict", "specialisation_index", "stationary_fraction",
-    "successes_per_agent", "visit_heatmap", "waiting_fraction",
+    "DELIVER", "DROP", "MIN_SOLO_SEEDS", "NO_OPTION", "OTHER", "OUTCOMES", "PICK", "ROLE_KEYWORDS", "RoleSplit",
+    "SOLO_VERDICTS", "SoloResult", "extinction_step", "fractions", "handoffs", "mean_std", "option_category",
+    "option_entropy", "option_histogram", "option_step_histogram", "outcome_class", "outcome_table",
+    "parse_fail_rate", "patches_alive", "per_agent_apples", "per_agent_returns", "record_option",
+    "record_parse_failed", "role_split", "social_metrics", "solo_scoring_seeds", "solo_test", "solo_verdict",
+    "specialisation_index", "stationary_fraction", "successes_per_agent", "visit_heatmap", "waiting_fraction",
 ]

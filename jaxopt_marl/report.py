@@ -826,8 +826,8 @@ def section_episode(run_dir: Path, ev: artifacts.EvalRecord | None) -> list[str]
     if ev is not None and ev.seeds:
         rnd = f" of round {ev.checkpoint_round}" if ev.checkpoint_round is not None else ""
         rule = ev.checkpoint_rule or "checkpoint rule not recorded"
-        lines += ["", f"Whose episode: the trained adapters'{rnd} ({rule}) evaluation episode 0, seed "
-                      f"{ev.seeds[0]}, replayed from its recorded primitive "
+        lines += ["", f"Whose episode: evaluation episode 0 (seed {ev.seeds[0]}) of the trained adapters{rnd} "
+                      f"({rule}), replayed from its recorded primitive "
                       "actions with the same env keys: the evaluated episode itself (team return "
                       f"{fmt(ev.trained.team_returns[0])} {_units(ev.game)}), not a fresh sample. Each frame shows "
                       "the step counter (the state after env step t of T) and a colour legend."]

@@ -105,6 +105,22 @@ def test_per_agent_apples_are_apples(built, game):
         assert f"| a{i} | {m:.2f} ± {sd:.2f} |" in sec
 
 
+def _lowest(ax):
+    """The lowest y value drawn by the axes' collections: dots (offsets), bands (polygon vertices), whiskers
+    (segments)."""
+    from matplotlib.collections import LineCollection, PathCollection
+
+    ys = []
+    for coll in ax.collections:
+        if isinstance(coll, PathCollection):
+            ys += list(np.asarray(coll.get_offsets())[:, 1])
+        elif isinstance(coll, LineCollection):
+            ys += [y for seg in coll.get_segments() for y in np.asarray(seg)[:, 1]]
+        else:
+            ys += [y for path in coll.get_paths() for y in path.vertices[:, 1]]
+    return min(ys)
+
+
 @pytest.mark.parametrize("game", GAMES)
 def test_report_never_overstates(built, game):
     run, md, figs = built(game)
@@ -125,7 +141,8 @@ def test_report_never_overstates(built, game):
     row = (f"| team_return | {b['mean']:.2f} ± {b['std']:.2f} | {t['mean']:.2f} ± {t['std']:.2f} | 2 / 2 | "
            f"{ci(b['ci'])} | {ci(t['ci'])} | {st['mann_whitney']['p_value']:.3g} | not distinguishable from noise |")
     assert row in md
-    rows = [r for r in _section(md, "## Evaluation").splitlines() if r.startswith("| ") and " / " in r]
+    rows = [r for r in _section(md, "## Evaluation").splitlines()
+            if r.startswith("| ") and " / " in r and not r.startswith("| metric")]
     assert len(rows) > 3 and all(r.endswith("| not distinguishable from noise |") for r in rows)
     # Decision traces: choice_only responses are labelled templates; sampled ones model text.
     recs, bad = artifacts.load_traces(run / "decisions" / "eval.jsonl")
@@ -137,8 +154,8 @@ def test_report_never_overstates(built, game):
         assert {r.response_source for r in recs} == {"model"} and "Templated responses" not in md
         assert f"{len(recs)} trace(s) hold text the model generated" in md
     # The GIF is named: whose episode, which seed, how.
-    assert (f"Whose episode: the trained adapters' of round {ev['checkpoint_round']}" in md
-            and "evaluation episode 0, seed 10000, replayed from its recorded primitive actions" in md)
+    assert (f"Whose episode: evaluation episode 0 (seed 10000) of the trained adapters of round "
+            f"{ev['checkpoint_round']} ({ev['checkpoint_rule']}), replayed from its recorded primitive actions" in md)
     # Training table: rollout and update seconds from metrics.jsonl, to 0.1 s.
     for m in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()):
         assert (f"| {m['perf/decisions_per_s']:.1f} | {m['perf/rollout_s']:.1f} | {m['perf/update_s']:.1f} |"
@@ -150,14 +167,10 @@ def test_report_never_overstates(built, game):
     ticks = [x for x in ax.get_xticks() if lo <= x <= hi]
     assert ticks and all(float(x).is_integer() for x in ticks)
     assert ax.get_ylim()[0] == 0
-    for coll in ax.collections:  # the min-max band and the rollout dots
-        for path in getattr(coll, "get_paths", lambda: [])():
-            assert path.vertices[:, 1].min() >= 0
+    assert _lowest(ax) >= 0 and len(ax.collections) == 2  # the min-max band and the rollout dots
     ax = figs["per_agent.png"].axes[0]
     assert ax.get_ylim()[0] == 0
-    for coll in ax.collections:  # min-max whiskers and per-episode dots
-        segs = coll.get_segments() if hasattr(coll, "get_segments") else [coll.get_offsets()]
-        assert all(np.asarray(s)[:, 1].min() >= 0 for s in segs if len(s))
+    assert _lowest(ax) >= 0 and min(b.get_y() for b in ax.patches) >= 0  # whiskers, dots, bars
     # The heatmaps draw the map (walls, ...) under the visits.
     traj = artifacts.EvalTrajectories.load(run / "eval_traj.npz")
     hm = figs["visit_heatmaps.png"].axes[0]
