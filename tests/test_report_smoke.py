@@ -3,6 +3,7 @@
 that never overstates (issue 14), each figure checked against the run's own files."""
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -64,7 +65,9 @@ def test_report_has_the_audit_sections(built, game):
     wf = (np.isin(p.options, idle) & p.alive).sum(axis=(0, 1)) / p.alive.sum(axis=(0, 1))
     table = _section(md, "### Trajectories")
     assert "waiting fraction (idle options)" in table
-    for i, row in enumerate(r for r in table.splitlines() if r.startswith("| a")):
+    rows = [r for r in table.splitlines() if re.match(r"\| a\d+ \|", r)]
+    assert len(rows) == p.shape[2]
+    for i, row in enumerate(rows):
         assert row.split(" | ")[-2] == f"{wf[i]:.3f}", row
     # solo test
     assert "### Solo test" in md and "Rule (`jaxopt_marl.audit.solo_verdict`)" in md
