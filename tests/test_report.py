@@ -265,3 +265,26 @@ def test_report_statistics_section(tmp_path):
 def test_report_without_statistics_says_so(tmp_path):
     md = write_report(_make_run(tmp_path)).read_text()
     assert "`eval.json` has no `stats` block" in md
+
+
+def test_trained_vs_base_rows_give_ci_p_and_noise_verdict(tmp_path):
+    from jaxopt_marl import report, stats
+
+    run = _make_run(tmp_path)
+    # Issue 14: 3.50 ± 4.95 against 1.00 ± 1.41 over 2 episodes is noise, and the report says so.
+    artifacts.EvalRecord(game="cleanup", seeds=[10000, 10001], trained=_block("trained", [0, 7]),
+                         base=_block("frozen_base", [0, 2])).save(run / "eval.json")
+    md = write_report(run).read_text()
+    p = stats.mann_whitney([0, 7], [0, 2])["p_value"]
+    assert (f"| team_return | 1.00 ± 1.41 | 3.50 ± 4.95 | 2 / 2 | [0.00, 2.00] | [0.00, 7.00] | {p:.3g} | "
+            "not distinguishable from noise |") in md
+    # Six episodes each, CIs apart: the verdict names the direction; overlapping CIs stay noise.
+    c = report.compare([5, 6, 5, 6, 5, 6], [0, 1, 0, 1, 0, 1])
+    assert c["verdict"] == "trained higher" and c["trained"]["ci"][0] > c["base"]["ci"][1]
+    assert report.compare([0, 1, 0, 1, 0, 1], [5, 6, 5, 6, 5, 6])["verdict"] == "trained lower"
+    assert report.compare([0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6])["verdict"] == report.NOISE
+    # Four episodes each (< stats.MIN_EPISODES): noise even with disjoint CIs.
+    assert report.compare([5, 6, 5, 6], [0, 1, 0, 1])["verdict"] == report.NOISE
+    # One episode each: no CI, noise; undefined (NaN) episodes are dropped first.
+    assert report.compare([3.0], [1.0])["verdict"] == report.NOISE
+    assert report.compare([np.nan, 5, 6, 5, 6, 5, 6], [0, 1, 0, 1, 0, 1])["trained"]["n"] == 6
