@@ -507,7 +507,7 @@ def episode_metrics(game: str, res) -> list[dict]:
     """Per-episode team return and behavioural metrics of a :class:`jaxopt_marl.rollout.RolloutResult`."""
     import numpy as np
 
-    from jaxopt_marl import metrics
+    from jaxopt_marl import audit, metrics
 
     rew, alive = res.traj["rewards"], res.traj["alive"]
     eff, eq, sus, pc = (metrics.efficiency(rew), metrics.equality(rew), metrics.sustainability(rew),
@@ -523,31 +523,65 @@ def episode_metrics(game: str, res) -> list[dict]:
                "sustainability": None if np.isnan(sus[e]) else float(sus[e]), "peace": float(pc[e]),
                "decisions": len(tr), "parse_fail_rate": (sum(t["parse_fail"] for t in tr) / len(tr)) if tr else 0.0}
         row.update({f"final_{k}": float(v[e]) for k, v in res.stats.items() if k != "team_return"})
+        if not game.startswith("overcooked"):  # apples eaten per agent (a step's reward is 0, 1 or 2 apples)
+            row["agent_apples"] = [int(x) for x in audit.per_agent_apples(rew[e])[0]]
         out.append(row)
     return out
 
 
-def _eval_block(game: str, res, seeds: list[int], label: str) -> dict:
+def _eval_block(game: str, res, seeds: list[int], label: str):
+    """The :class:`jaxopt_marl.artifacts.EvalBlock` of one evaluated policy."""
+    from jaxopt_marl.artifacts import EvalBlock
+
     eps = episode_metrics(game, res)
     for e, s in zip(eps, seeds):
         e["seed"] = s
-    keys = [k for k in eps[0] if k not in ("seed",)]
-    return {"policy": label, "seeds": seeds, "episodes": eps,
-            "summary": {k: _summary([e[k] if e[k] is not None else float("nan") for e in eps]) for k in keys},
-            "parse": res.parse.as_dict(), "seconds": res.seconds}
+    keys = [k for k in eps[0] if k != "seed" and not isinstance(eps[0][k], list)]
+    return EvalBlock(policy=label, seeds=list(seeds), episodes=eps,
+                     summary={k: _summary([e[k] if e[k] is not None else float("nan") for e in eps]) for k in keys},
+                     parse=res.parse.as_dict(), seconds=res.seconds)
 
 
-def _eval_stats(cfg: RunConfig, ev: dict) -> dict:
+def _eval_stats(cfg: RunConfig, trained, base) -> dict:
     """``eval.json``'s ``stats`` (paper §6.1): bootstrap CIs of the mean team return of the trained adapters and
     the frozen base (None if not run) on the same seeds, and their two-sided Mann–Whitney U test."""
     from jaxopt_marl import stats
 
-    def team(block):
-        return None if block is None else [e["team_return"] for e in block["episodes"]]
+    return stats.eval_stats(trained.team_returns, None if base is None else base.team_returns, seeds=trained.seeds,
+                            metric="team_return", units=cfg.units,
+                            labels=(trained.policy, base.policy if base is not None else "frozen_base"))
 
-    return stats.eval_stats(team(ev["trained"]), team(ev["base"]), seeds=ev["seeds"], metric="team_return",
-                            units=cfg.units,
-                            labels=(ev["trained"]["policy"], ev["base"]["policy"] if ev["base"] else "frozen_base"))
+
+def _eval_trajectories(env, roller, seeds: list[int], key, option_names, trained_res, base_res):
+    """The :class:`jaxopt_marl.artifacts.EvalTrajectories` of the evaluation (``eval_traj.npz``): per-step
+    buffers of both policies, the map layers (walls, terrain, Harvest patch ids) and, for Harvest, the live-apple
+    grid after every step, re-played from the recorded actions (patch survival, paper Fig. 2). A replay whose
+    apples eaten differ from the recorded rewards is dropped with a warning (never silently wrong data)."""
+    import numpy as np
+
+    from jaxopt_marl import artifacts
+
+    walls, terrain, pid = artifacts.map_layers(env)
+
+    def policy(res, label):
+        t = res.traj
+        apples = None
+        if pid is not None:
+            views = [roller.replay_view(s, key, t["actions"][k], lambda st: (st.apples, st.ate), "apples_ate")
+                     for k, s in enumerate(seeds)]
+            apples = np.stack([v[0] for v in views])
+            ate = np.stack([v[1] for v in views]).astype(np.float32)
+            played = (np.asarray(t["actions"]) >= 0).any(axis=-1)  # [E, T] steps before the episode's end
+            if not np.array_equal(ate[played], np.asarray(t["rewards"], np.float32)[played]):
+                print(f"warning: the replayed {label} episodes eat other apples than recorded; no apple grids in "
+                      f"eval_traj.npz", file=sys.stderr)
+                apples = None
+        return artifacts.PolicyTrajectories(positions=t["positions"], rewards=t["rewards"], alive=t["alive"],
+                                            options=t["options"], actions=t["actions"], apples=apples)
+
+    return artifacts.EvalTrajectories(seeds=seeds, option_names=tuple(option_names), walls=walls, terrain=terrain,
+                                      patch_id=pid, trained=policy(trained_res, "trained"),
+                                      base=None if base_res is None else policy(base_res, "frozen base"))
 
 
 def _minimal_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: dict) -> str:
@@ -632,8 +666,7 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
                                                                   str(Path("runs/.jax_cache").resolve())))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
-    from envs_jax.render import write_gif
-    from jaxopt_marl import audit, burnin, rollout, trainer
+    from jaxopt_marl import artifacts, audit, burnin, episode_gif, rollout, trainer
     from jaxopt_marl.records import write_records
     from lora import LoRAConfig
 
@@ -753,23 +786,18 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     seeds = list(range(EVAL_SEED0, EVAL_SEED0 + cfg.eval_episodes))
     eval_key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 10 ** 6)
     ev_res = roller.collect(seeds, eval_key, round_idx=-1, progress=progress, desc="eval trained")
-    trainer._write_jsonl(out / "decisions" / "eval.jsonl", ev_res.traces)
-    ev = {"game": cfg.game, "preset": cfg.preset, "reduced_budget": cfg.reduced_budget, "seeds": seeds, **ck,
-          "trained": _eval_block(cfg.game, ev_res, seeds, "trained")}
-    arrays = {k: v for k, v in ev_res.traj.items()}
+    artifacts.save_traces(out / "decisions" / "eval.jsonl", ev_res.traces)
+    trained_block, base_block, base_res = _eval_block(cfg.game, ev_res, seeds, "trained"), None, None
     if cfg.eval_base:
         base_res = roller.collect(seeds, eval_key, round_idx=-1, reference=True, progress=progress,
                                   desc="eval frozen base")
-        trainer._write_jsonl(out / "decisions" / "eval_base.jsonl", base_res.traces)
-        ev["base"] = _eval_block(cfg.game, base_res, seeds, "frozen_base")
-        arrays.update({f"base_{k}": v for k, v in base_res.traj.items()})
-    else:
-        ev["base"] = None
-    # Convenience aliases for the audits (episodes E, steps T, agents N).
-    ev["episodes"] = ev["trained"]["episodes"]
-    ev["summary"] = ev["trained"]["summary"]
-    ev["stats"] = _eval_stats(cfg, ev)
-    (out / "eval.json").write_text(json.dumps(ev, indent=2) + "\n")
+        artifacts.save_traces(out / "decisions" / "eval_base.jsonl", base_res.traces)
+        base_block = _eval_block(cfg.game, base_res, seeds, "frozen_base")
+    record = artifacts.EvalRecord(game=cfg.game, preset=cfg.preset, reduced_budget=cfg.reduced_budget, seeds=seeds,
+                                  trained=trained_block, base=base_block, **ck,
+                                  stats=_eval_stats(cfg, trained_block, base_block))
+    record.save(out / "eval.json")
+    ev = record.to_dict()
     # Solo test (paper §6.4): each agent alone on the first solo_episodes evaluation seeds (one batched collect
     # per agent, the others idled on ``wait``, same key as the evaluation); the full team's returns on those
     # seeds are the evaluation's.
@@ -783,24 +811,25 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
             if cfg.overcooked:  # a delivery rewards every agent: own deliveries from the agent's decisions
                 own = np.stack([audit.successes_per_agent([t for t in res.traces if t["rollout"] == b],
                                                           num_agents=n_agents) for b in range(len(ss))])
-            else:  # one apple eaten = reward 1
-                own = res.traj["rewards"].sum(axis=1)
+            else:  # apples eaten (a step's reward counts the apples eaten in it)
+                own = audit.per_agent_apples(res.traj["rewards"])
             return {"team": res.returns, "agent": own}
 
         solo = audit.solo_test(play_solo, n_agents, solo_seeds, batched=True,
                                full_team=ev_res.returns[:len(solo_seeds)])
-        (out / "solo.json").write_text(json.dumps({
-            "game": cfg.game, **solo.as_dict(units), **ck,
-            "idled": "every other agent takes the wait option at each of its decision points (no LLM call)",
-            "full_team_source": "eval.json trained episodes on the same seeds"}, indent=2) + "\n")
+        solo.record(units, game=cfg.game, **ck,
+                    idled="every other agent takes the wait option at each of its decision points (no LLM call)",
+                    full_team_source="eval.json trained episodes on the same seeds").save(out / "solo.json")
         print(f"solo test ({units}, seeds {solo_seeds[0]}-{solo_seeds[-1]}): "
               + ", ".join(f"agent {i} alone {m:.2f}" for i, m in enumerate(solo.summary()["solo_mean"]))
               + f"; full team {solo.summary()['full_mean'][0]:.2f} -> {solo.verdict()}")
     # A GIF of the first evaluation episode (eval.json's episode 0, seed 10000): its recorded primitive actions
-    # replayed with the same env keys and rendered.
-    write_gif(roller.replay_frames(seeds[0], eval_key, ev_res.traj["actions"][0]), out / "episode.gif", fps=8)
-    np.savez_compressed(out / "eval_traj.npz", seeds=np.asarray(seeds, np.int32),
-                        option_names=np.asarray(lib.option_names), **arrays)
+    # replayed with the same env keys and rendered, with a step counter, a caption and a colour legend.
+    episode_gif.write_episode_gif(
+        roller.replay_frames(seeds[0], eval_key, ev_res.traj["actions"][0]), out / "episode.gif", env,
+        f"{cfg.game}: " + episode_gif.gif_caption(seeds[0], f"trained adapters of round {ck['checkpoint_round']}"),
+        fps=8)
+    _eval_trajectories(env, roller, seeds, eval_key, lib.option_names, ev_res, base_res).save(out / "eval_traj.npz")
 
     # 5. Report.
     how = write_report(out, cfg, metrics_lines, ev)

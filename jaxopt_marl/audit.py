@@ -7,7 +7,8 @@ the run's records into those numbers:
 
 - option histograms per agent and the role split (Fig. 1, §6.4 "Cleanup: emergent role specialization"),
 - idling (stationary steps; time spent in ``wait``-like options),
-- per-agent apples (sum of unshaped reward) and deliveries (successful ``deliver`` decisions),
+- per-agent apples (sum of the positive unshaped reward: apples eaten) and deliveries (successful ``deliver``
+  decisions), Overcooked counter hand-offs,
 - visit heatmaps per agent (Fig. 3),
 - Harvest patch survival (Fig. 2; spec ``environments.md`` §4),
 - solo tests (§6.4 "Overcooked: high reward without coordination"), through a rollout callback,
@@ -16,8 +17,9 @@ the run's records into those numbers:
 - the spec §4 social-dilemma metrics, through :mod:`jaxopt_marl.metrics`.
 
 Everything is a pure NumPy function over the arrays of ``eval_traj.npz`` or the decision records of
-``decisions/*.jsonl`` (one ``dict`` per decision with keys ``round, rollout, seed, step, aid, prompt, menu,
-response, choice, parse_fail, opt, target, outcome``; :mod:`jaxopt_marl.rollout` writes the option under
+``decisions/*.jsonl`` (:class:`jaxopt_marl.artifacts.DecisionTrace`, which reads like a mapping, or one ``dict``
+per decision with keys ``round, rollout, seed, step, aid, prompt, menu, response, choice, parse_fail, opt,
+target, outcome``; :mod:`jaxopt_marl.rollout` writes the option under
 ``option`` and ``parse_fail`` as a bool, both read as well: :func:`record_option`, :func:`record_parse_failed`).
 Conventions shared by all functions:
 
@@ -347,19 +349,23 @@ def per_agent_returns(rewards: np.ndarray) -> np.ndarray:
 
 
 def per_agent_apples(rewards: np.ndarray) -> np.ndarray:
-    """Apples eaten by each agent per episode: the number of steps with a positive reward (Melting Pot apples
-    give +1, and at most one apple is eaten per agent per step).
+    """Apples eaten by each agent per episode: Σ_t max(r_t^i, 0).
+
+    Melting Pot's unshaped reward of a step is the number of apples the agent ate in it: 0, 1, or 2 (an apple
+    regrown under a standing agent is eaten at once, and one more on entering an apple cell in the same step;
+    ``envs_jax.cleanup`` / ``envs_jax.harvest`` step rules), so counting rewarded steps would undercount.
+    Negative rewards (penalties) are not apples and count 0. Units: apples.
 
     Args:
-        rewards: float[E, T, N] (or float[T, N]).
+        rewards: float[E, T, N] (or float[T, N]) unshaped per-step rewards.
 
     Returns:
-        int64[E, N].
+        int64[E, N] (rounded to the nearest integer).
     """
-    r = np.asarray(rewards)
+    r = np.asarray(rewards, np.float64)
     if r.ndim == 2:
         r = r[None]
-    return (r > 0).sum(axis=1).astype(np.int64)
+    return np.rint(np.clip(r, 0.0, None).sum(axis=1)).astype(np.int64)
 
 
 def successes_per_agent(decisions: Iterable[Mapping[str, Any]], option: str = DELIVER,
@@ -405,6 +411,48 @@ def visit_heatmap(positions: np.ndarray, shape: tuple[int, int] | None = None,
         ok = (rc[:, 0] >= 0) & (rc[:, 0] < h) & (rc[:, 1] >= 0) & (rc[:, 1] < w)
         np.add.at(heat[i], (rc[ok, 0], rc[ok, 1]), 1)
     return heat
+
+
+#: Overcooked options whose success puts an item on a counter / takes one from a counter (hand-offs).
+DROP, PICK = "drop_held", "pick_from_counter"
+
+
+def handoffs(decisions: Iterable[Mapping[str, Any]], num_agents: int) -> np.ndarray:
+    """Counter hand-offs between Overcooked agents, from decision traces (Forced Coordination's only way to pass
+    onions and dishes across the counter wall; paper §6.4).
+
+    Definition: within one episode (same ``round``, ``rollout``, ``seed``) and one counter (the ``target`` cell),
+    the decisions are read in ``step`` order (a pick before a drop at the same step: the pick cannot take an item
+    not yet put down); a successful ``drop_held`` by agent i marks the counter as holding i's item, and the next
+    successful ``pick_from_counter`` there by agent j counts ``counts[i, j] += 1`` and clears the mark. Picks of
+    items nobody dropped in the episode (the layout's initial counter items) are not counted. Off-diagonal
+    entries are hand-offs; the diagonal counts agents picking up their own drops. Units: items.
+
+    Args:
+        decisions: traces with ``aid``, ``option``, ``outcome``, ``target``, ``step`` (and the episode keys).
+        num_agents: N.
+
+    Returns:
+        int64[N, N] (row: the agent who dropped, column: the agent who picked up).
+    """
+    events: dict[tuple, list[tuple[int, int, int]]] = {}
+    for rec in decisions:
+        opt = record_option(rec)
+        if opt not in (DROP, PICK) or rec.get("outcome") != "success" or rec.get("target") is None:
+            continue
+        key = (rec.get("round"), rec.get("rollout"), rec.get("seed"), tuple(rec.get("target")))
+        events.setdefault(key, []).append((int(rec.get("step") or 0), 0 if opt == PICK else 1, int(rec["aid"])))
+    counts = np.zeros((num_agents, num_agents), np.int64)
+    for evs in events.values():
+        holder = None
+        for _, kind, aid in sorted(evs):
+            if kind == 1:
+                holder = aid
+            elif holder is not None:
+                if 0 <= holder < num_agents and 0 <= aid < num_agents:
+                    counts[holder, aid] += 1
+                holder = None
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -453,6 +501,9 @@ def extinction_step(alive_t: np.ndarray) -> np.ndarray:
 
 #: Verdicts of :func:`solo_verdict`.
 SOLO_VERDICTS = ("solo_solvable", "needs_partner", "not_informative", "undetermined")
+#: Fewest seeds on which the full team scored for a solo test to be read (:func:`solo_verdict`; our choice: the
+#: paper reports one number per agent; with fewer, a solo score of 0 or > 0 is one or two coin flips).
+MIN_SOLO_SEEDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,48 +534,56 @@ class SoloResult:
         return solo_verdict(self.team_return, self.full_team)
 
     def as_dict(self, units: str | None = None) -> dict[str, Any]:
-        """JSON-ready form (``solo.json``): seeds; per agent its solo team return and own return per seed with
-        mean ± std (:func:`mean_std`); the full team's per seed with mean ± std; the verdict; ``units``.
-        NaN becomes None."""
-        def clean(v):
-            return [None if not math.isfinite(float(x)) else float(x) for x in np.asarray(v, np.float64).ravel()]
+        """JSON-ready form (``solo.json``, :class:`jaxopt_marl.artifacts.SoloRecord`): seeds; per agent its solo
+        team return and own return per seed with mean ± std (:func:`mean_std`); the full team's per seed with
+        mean ± std; the verdict; ``units``. NaN becomes None."""
+        return self.record(units).to_dict()
 
-        def ms(v):
-            m, sd, n = mean_std(v)
-            return {"mean": None if not math.isfinite(m) else m, "std": None if not math.isfinite(sd) else sd,
-                    "n": n}
+    def record(self, units: str | None = None, **extra: Any):
+        """This result as the ``solo.json`` record (:class:`jaxopt_marl.artifacts.SoloRecord`); ``extra`` keys
+        (game, checkpoint, ...) are written after the fixed ones."""
+        from jaxopt_marl.artifacts import SoloRecord
 
-        return {
-            "seeds": list(self.seeds), "units": units, "num_agents": int(self.team_return.shape[0]),
-            "agents": [{"agent": i, "solo_team_return": clean(self.team_return[i]),
-                        "solo_team": ms(self.team_return[i]), "own_return": clean(self.agent_return[i]),
-                        "own": ms(self.agent_return[i])} for i in range(self.team_return.shape[0])],
-            "full_team": {"returns": clean(self.full_team), **ms(self.full_team)},
-            "verdict": self.verdict(),
-        }
+        return SoloRecord(seeds=self.seeds, units=units, team_return=self.team_return,
+                          own_return=self.agent_return, full_team=self.full_team, verdict=self.verdict(),
+                          extra={"min_seeds": MIN_SOLO_SEEDS, **extra})
 
 
-def solo_verdict(team_return: np.ndarray, full_team: np.ndarray) -> str:
+def solo_verdict(team_return: np.ndarray, full_team: np.ndarray, min_seeds: int | None = None) -> str:
     """The paper's reading of a solo test (§6.4), one of :data:`SOLO_VERDICTS`.
 
+    Rule (ours, stated in the report): a solo test is informative only on seeds where the full team scored
+    (return > 0), since a solo 0 where the team also scores 0 says nothing, and only when there are at least
+    ``min_seeds`` (:data:`MIN_SOLO_SEEDS`) such seeds, since one short episode where nobody could score proves
+    nothing either. In order:
+
+    - ``undetermined``: no solo score, or the full team's return is not recorded on any seed (NaN);
+    - ``not_informative``: the full team scored on fewer than ``min_seeds`` of the seeds;
     - ``solo_solvable``: some agent alone scores (a solo team return > 0 on some seed): the task does not
       need a partner, so team reward can overstate cooperation (Overcooked AA: the agents deliver 4 and 2 alone);
-    - ``needs_partner``: every solo score is 0 while the full team scores (mean > 0): its reward is behaviour
-      that only works with a partner, evidence of coordination (Overcooked FC);
-    - ``not_informative``: every solo score is 0 and the full team itself scores 0 (nothing to compare);
-    - ``undetermined``: every solo score is 0 and the full team was not run (NaN) or there are no scores.
+    - ``needs_partner``: every solo score is 0 although the full team scored: its reward is behaviour that only
+      works with a partner, evidence of coordination (Overcooked FC).
 
     Args:
-        team_return: float[N, S] solo team returns; full_team: float[S] full-team returns (NaN = not run).
+        team_return: float[N, S] solo team returns (apples or deliveries); full_team: float[S] full-team returns
+            on the same seeds (NaN = not run).
+        min_seeds: fewest seeds with a scoring full team (default :data:`MIN_SOLO_SEEDS`).
     """
+    min_seeds = MIN_SOLO_SEEDS if min_seeds is None else int(min_seeds)
     solo = np.asarray(team_return, np.float64)
-    solo = solo[np.isfinite(solo)]
-    if solo.size and (solo > 0).any():
-        return "solo_solvable"
-    full, _, n = mean_std(full_team)
-    if not solo.size or n == 0:
+    full = np.asarray(full_team, np.float64).reshape(-1)
+    finite = solo[np.isfinite(solo)]
+    if not finite.size or not np.isfinite(full).any():
         return "undetermined"
-    return "needs_partner" if full > 0 else "not_informative"
+    if solo_scoring_seeds(full) < min_seeds:
+        return "not_informative"
+    return "solo_solvable" if (finite > 0).any() else "needs_partner"
+
+
+def solo_scoring_seeds(full_team: np.ndarray) -> int:
+    """Number of seeds on which the full team scored (return > 0; NaN = not run counts 0)."""
+    f = np.asarray(full_team, np.float64).reshape(-1)
+    return int((np.isfinite(f) & (f > 0)).sum())
 
 
 def _solo_returns(out: Any, num_agents: int, num_seeds: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -701,10 +760,10 @@ def mean_std(x: Sequence[float] | np.ndarray, ddof: int = 1) -> tuple[float, flo
 
 
 __all__ = [
-    "DELIVER", "NO_OPTION", "OTHER", "OUTCOMES", "ROLE_KEYWORDS", "RoleSplit", "SOLO_VERDICTS", "SoloResult",
-    "extinction_step", "fractions", "mean_std", "option_category", "option_entropy", "option_histogram",
-    "option_step_histogram", "outcome_class", "outcome_table", "parse_fail_rate", "patches_alive",
-    "per_agent_apples", "per_agent_returns", "record_option", "record_parse_failed", "role_split",
-    "social_metrics", "solo_test", "solo_verdict", "specialisation_index", "stationary_fraction",
-    "successes_per_agent", "visit_heatmap", "waiting_fraction",
+    "DELIVER", "DROP", "MIN_SOLO_SEEDS", "NO_OPTION", "OTHER", "OUTCOMES", "PICK", "ROLE_KEYWORDS", "RoleSplit",
+    "SOLO_VERDICTS", "SoloResult", "extinction_step", "fractions", "handoffs", "mean_std", "option_category",
+    "option_entropy", "option_histogram", "option_step_histogram", "outcome_class", "outcome_table",
+    "parse_fail_rate", "patches_alive", "per_agent_apples", "per_agent_returns", "record_option",
+    "record_parse_failed", "role_split", "social_metrics", "solo_scoring_seeds", "solo_test", "solo_verdict",
+    "specialisation_index", "stationary_fraction", "successes_per_agent", "visit_heatmap", "waiting_fraction",
 ]

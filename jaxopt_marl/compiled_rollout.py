@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -278,7 +278,7 @@ class CompiledRoller:
         self._user_head, self._user_tail = head, tail
         self._device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         self._fn = jax.jit(self._collect)
-        self._replay = None
+        self._replay = {}  # view name -> jitted replay program (replay_view)
 
     # -- what the trainer reads (the host loop's LLMPolicy offers the same) --------------------------------
 
@@ -592,6 +592,8 @@ class CompiledRoller:
 
         Each record has today's fields (round, rollout, seed, step, aid, prompt = the user message, menu lines,
         response, choice, parse, parse_fail, option, target (x, y), outcome, logp, reference) plus
+        ``response_source`` (``template`` in ``choice_only`` mode, whose ``response`` the rollout formats from the
+        scored letter and state label, ``model`` for sampled text; :data:`jaxopt_marl.artifacts.RESPONSE_SOURCES`),
         ``prompt_text`` (the full rendered chat string the model was given), ``prompt_ids`` (its token ids,
         system turn included, no padding), ``response_ids``, ``wave`` and ``n_letters``. Rollouts ``>= keep``
         (batch padding) are dropped.
@@ -640,6 +642,7 @@ class CompiledRoller:
             out.append(dict(
                 round=int(round_idx), rollout=b + rollout_offset, seed=int(seeds[b]), step=int(dec.step[d]),
                 aid=int(dec.aid[d]), prompt=user, menu=menu_text.split("\n")[1:], response=response,
+                response_source="template" if self.cfg.mode == "choice_only" else "model",
                 choice=menus.LETTERS[letter] if reason == parsing.OK else None, parse=reason,
                 parse_fail=reason != parsing.OK, option=lib.option_names[opt] if opt >= 0 else "idle",
                 target=None if tgt[0] < 0 or inst < 0 else [int(tgt[1]), int(tgt[0])], outcome=outcome,
@@ -654,8 +657,16 @@ class CompiledRoller:
         """``uint8[T, H, W, 3]``: the episode of ``seed`` re-played from its recorded primitive actions
         (``traj["actions"][k]``, int32[T, N]) with the same env keys, rendered after every step; frames after
         the episode's end repeat the last one. Exactly the evaluated episode, not a fresh sample."""
-        if self._replay is None:
-            env, n = self.env, self.n
+        return self.replay_view(seed, key, actions, self.env.render, "frames")
+
+    def replay_view(self, seed: int, key, actions: np.ndarray, view, name: str) -> np.ndarray:
+        """``view(state)`` after every step of the episode of ``seed`` re-played from its recorded primitive
+        actions (int32[T, N]) with the same env keys (as :meth:`replay_frames`), stacked on a leading T axis
+        (after the end: the last state's). ``view`` is a JAX function of the env state returning an array or a
+        pytree of arrays (e.g. the live-apple grid ``lambda s: s.apples``), returned as NumPy arrays; ``name``
+        keys its compiled program (one per view)."""
+        if name not in self._replay:
+            env = self.env
 
             def replay(seed, key, actions):
                 env_key = rollout.episode_keys(key, seed[None])[0][0]
@@ -665,13 +676,13 @@ class CompiledRoller:
                     acts = {ag: a[i] for i, ag in enumerate(env.agents)}
                     _, nxt, _, _, _ = env.step_env(jax.random.fold_in(env_key, s.step), s, acts)
                     nxt = jax.tree.map(lambda x, y: jnp.where(s.done, x, y), s, nxt)
-                    return nxt, env.render(nxt)
+                    return nxt, view(nxt)
 
-                _, frames = jax.lax.scan(step, state, actions)
-                return frames
+                _, out = jax.lax.scan(step, state, actions)
+                return out
 
-            self._replay = jax.jit(replay)
-        return np.asarray(self._replay(jnp.int32(seed), key, jnp.asarray(actions, jnp.int32)))
+            self._replay[name] = jax.jit(replay)
+        return jax.tree.map(np.asarray, self._replay[name](jnp.int32(seed), key, jnp.asarray(actions, jnp.int32)))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,26 +1,33 @@
 """The run report: ``runs/<name>/report.md`` with figures, from the files a training run writes.
 
-Reads (all optional; whatever is missing or unreadable is named in the report instead of raising):
+Reads (all optional; whatever is missing or malformed is named in the report instead of raising):
 
-- ``config.json``: ``game``, ``preset``, ``seed``, ``model``, ``K``, ``rounds``, ... (unknown keys are listed
-  as they are);
+- ``config.json``: ``game``, ``preset``, ``seed``, ``model``, ``mode``, ... (unknown keys are listed as they are);
 - ``metrics.jsonl``: one line per round with ``round`` and namespaced keys (``train/return_mean``,
-  ``train/return_std``, ``train/parse_fail_rate``, ``train/kl``, ``perf/decisions_per_s``);
-- ``eval.json``: ``{"episodes": [{"seed", "team_return", "agent_returns", ...}], "summary", "policy",
-  "baseline"?}``; ``baseline`` (or ``base``, as ``experiments/common.py`` writes it) may hold ``episodes``
-  and/or ``summary`` (``{"key": {"mean", "std"}}``); ``checkpoint_rule``, ``checkpoint_round``,
-  ``checkpoint_train_return`` name the evaluated adapters (paper §6.1 checkpoint rule); ``stats`` (paper §6.1
-  statistics, :func:`jaxopt_marl.stats.eval_stats`): per policy ``n``, ``values``, ``mean``, ``std``, ``ci``,
-  and ``mann_whitney`` (``u``, ``u_max``, ``p_value``, ``method``) and plain-words ``notes``;
-- ``solo.json`` (paper §6.4 solo test, :meth:`jaxopt_marl.audit.SoloResult.as_dict`): ``seeds``, ``units``,
-  ``agents`` (per agent ``solo_team_return`` and ``own_return`` per seed), ``full_team`` (``returns`` per seed);
-  expected only when config ``solo_episodes`` > 0;
-- ``decisions/eval.jsonl`` (else the latest ``decisions/round_XXXX.jsonl``): one decision record per line;
-- ``eval_traj.npz``: ``positions`` int32[E, T, N, 2], ``rewards`` float32[E, T, N], ``alive`` bool[E, T, N],
-  optionally ``opt_ids`` int32[E, T, N] with ``option_names``, ``walls`` bool[H, W], and for Harvest
-  ``apples`` bool[E, T, H, W] / ``final_apples`` bool[E, H, W] / ``patches_alive`` int[E, T] or int[E] /
-  ``patch_id`` int[H, W];
+  ``train/return_std``, ``train/return_min``, ``train/return_max``, ``train/returns``, ``train/parse_fail_rate``,
+  ``train/kl``, ``perf/decisions_per_s``, ``perf/rollout_s``, ``perf/update_s``);
+- ``eval.json``: :class:`jaxopt_marl.artifacts.EvalRecord` (the trained adapters' and the frozen base's
+  episodes on the held-out seeds, the checkpoint rule and the paper §6.1 statistics);
+- ``solo.json``: :class:`jaxopt_marl.artifacts.SoloRecord` (paper §6.4 solo test), expected when config
+  ``solo_episodes`` > 0;
+- ``decisions/eval.jsonl`` (else the latest ``decisions/round_XXXX.jsonl``): :class:`jaxopt_marl.artifacts.
+  DecisionTrace` lines;
+- ``eval_traj.npz``: :class:`jaxopt_marl.artifacts.EvalTrajectories` (per-step positions, rewards, liveness,
+  running options, the map's walls and terrain, Harvest's patch ids and live-apple grids);
 - ``episode.gif``.
+
+Nothing here builds an environment or parses a map: what the audits need from the game travels in the files.
+
+What the report claims, and only that (issue 14):
+
+- per-agent apples are apples eaten (Σ of the unshaped reward; a step can bring 2), and are checked to add up to
+  the team return;
+- every trained-vs-base comparison gives both 95% bootstrap CIs and the Mann–Whitney p (:mod:`jaxopt_marl.stats`)
+  and says "not distinguishable from noise" when the CIs overlap or cannot be computed;
+- the solo test's verdict follows :func:`jaxopt_marl.audit.solo_verdict`'s stated rule (not informative unless
+  the full team scored on at least :data:`jaxopt_marl.audit.MIN_SOLO_SEEDS` of the same seeds);
+- ``choice_only`` traces' responses are labelled templates; the GIF is named (whose episode, which seed, how);
+- spreads are shown as min–max ranges or per-episode points, never as error bars below zero.
 
 Writes ``report.md`` and ``figures/*.png`` (matplotlib, Agg backend) into the run directory. The audits are
 the functions of :mod:`jaxopt_marl.audit`; this module only loads, formats and plots.
@@ -36,18 +43,22 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxopt_marl import audit
+from jaxopt_marl import artifacts, audit, stats
 
 log = logging.getLogger(__name__)
 
 #: Presets whose compute budget is below the paper's (config ``preset``).
 REDUCED_PRESETS = ("cpu", "smoke")
 #: Header fields taken from config.json, in order (label, candidate keys).
-HEADER_FIELDS = (("game", ("game",)), ("preset", ("preset",)), ("model", ("model", "model_path")),
-                 ("seed", ("seed",)))
+HEADER_FIELDS = (("game", ("game",)), ("preset", ("preset",)), ("model", ("model",)), ("seed", ("seed",)))
 #: Training-curve columns: (metrics.jsonl key, table header).
 TRAIN_COLUMNS = (("train/parse_fail_rate", "parse-fail rate", 3), ("train/kl", "KL", 4),
-                 ("perf/decisions_per_s", "decisions/s", 1))
+                 ("perf/decisions_per_s", "decisions/s", 1), ("perf/rollout_s", "rollout s", 1),
+                 ("perf/update_s", "update s", 1))
+#: Colours of the map layers drawn under the visit heatmaps, per :data:`jaxopt_marl.artifacts.TERRAIN_NAMES`.
+TERRAIN_COLOURS = ("#ffffff", "#8c8c8c", "#9ecae1", "#c7e9c0", "#525252", "#fdd0a2", "#dadaeb", "#74c476")
+#: Verdict of a trained-vs-base comparison whose CIs overlap (or cannot be computed).
+NOISE = "not distinguishable from noise"
 #: Most rows of the training table; longer runs show evenly spaced rounds (first and last included).
 MAX_TABLE_ROWS = 25
 FIGURES = "figures"
@@ -91,17 +102,6 @@ def load_jsonl(path: Path) -> tuple[list[dict], str | None]:
         else:
             bad += 1
     return out, (f"{bad} malformed line(s) skipped" if bad else None)
-
-
-def load_npz(path: Path) -> tuple[dict[str, np.ndarray] | None, str | None]:
-    """``(arrays, None)`` or ``(None, reason)``."""
-    if not path.exists():
-        return None, "missing"
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}, None
-    except Exception as e:  # a truncated or foreign file must not stop the report
-        return None, f"unreadable ({e.__class__.__name__}: {e})"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -165,14 +165,31 @@ def _num(x: Any) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def plot_training_curve(rounds: np.ndarray, mean: np.ndarray, std: np.ndarray, run_dir: Path, units: str) -> str:
-    """Mean ± std of the team return over the K rollouts of each round; returns the figure's relative path."""
+def plot_training_curve(rounds: np.ndarray, mean: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                        returns: Sequence[Sequence[float]] | None, run_dir: Path, units: str, band: str) -> str:
+    """Team return per training round: the mean over the K rollouts, the spread as a band from ``lo`` to ``hi``
+    (min–max of the K returns, or mean ± std clipped at 0 when only the std was recorded: returns are counts,
+    never negative) and each rollout's return as a dot. Integer round ticks. Returns the figure's relative path.
+
+    Args:
+        rounds: int[R] round indices; mean, lo, hi: float[R] (units: apples or deliveries).
+        returns: per round the K rollout returns, or None; band: the band's legend label.
+    """
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(rounds, mean, marker="o" if len(rounds) <= 40 else None, ms=3, label="mean over K rollouts")
-    ok = np.isfinite(std)
+    ok = np.isfinite(lo) & np.isfinite(hi)
     if ok.any():
-        ax.fill_between(rounds[ok], (mean - std)[ok], (mean + std)[ok], alpha=0.25, label="± std")
+        ax.fill_between(rounds[ok], lo[ok], hi[ok], alpha=0.25, label=band)
+    if returns is not None:
+        xs = [r for r, rs in zip(rounds, returns) for _ in rs]
+        ys = [v for rs in returns for v in rs]
+        if ys:
+            ax.scatter(xs, ys, s=10, color="k", alpha=0.6, zorder=3, label="one rollout")
+    ax.plot(rounds, mean, marker="o" if len(rounds) <= 40 else None, ms=3, label="mean over K rollouts")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)
     ax.set_title("Training: team return per round")
     ax.set_xlabel("training round")
     ax.set_ylabel(f"team return ({units})")
@@ -207,11 +224,19 @@ def plot_option_histogram(names: Sequence[str], counts: np.ndarray, run_dir: Pat
     return _save(fig, run_dir, "option_histogram.png")
 
 
-def plot_heatmaps(heat: np.ndarray, run_dir: Path, walls: np.ndarray | None) -> str:
-    """One panel per agent: visit counts over the H×W map (log colour scale), walls in grey."""
-    plt = _plt()
-    from matplotlib.colors import LogNorm
+def plot_heatmaps(heat: np.ndarray, run_dir: Path, terrain: np.ndarray | None,
+                  patch_id: np.ndarray | None = None) -> str:
+    """One panel per agent: the map (``terrain``, :data:`jaxopt_marl.artifacts.TERRAIN_NAMES` codes, in
+    :data:`TERRAIN_COLOURS`; Harvest patches numbered) under the visit counts (log colour scale; unvisited cells
+    show the map). Paper Fig. 3: eaters on the orchard rows, cleaners on the river shore.
 
+    Args:
+        heat: int[N, H, W] visits (steps); terrain: int8[H, W] or None (then no map is drawn, and the title says
+            so); patch_id: int32[H, W] (-1 = no patch) or None.
+    """
+    plt = _plt()
+    from matplotlib.colors import ListedColormap, LogNorm
+    from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     n, h, w = heat.shape
@@ -219,19 +244,25 @@ def plot_heatmaps(heat: np.ndarray, run_dir: Path, walls: np.ndarray | None) -> 
     rows = math.ceil(n / cols)
     panel_w = 3.4
     panel_h = panel_w * h / max(w, 1) + 0.6
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols + 1.4, panel_h * rows + 0.6), squeeze=False,
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols + 1.4, panel_h * rows + 1.2), squeeze=False,
                              layout="constrained")
     vmax = max(int(heat.max(initial=0)), 1)
+    has_map = terrain is not None and terrain.shape == (h, w)
+    cmap_map = ListedColormap(TERRAIN_COLOURS)
     im = None
     for i in range(rows * cols):
         ax = axes[i // cols][i % cols]
         if i >= n:
             ax.axis("off")
             continue
-        if walls is not None and walls.shape == (h, w):
-            ax.imshow(np.where(walls, 0.5, np.nan), cmap="Greys", vmin=0, vmax=1)
+        if has_map:
+            ax.imshow(terrain, cmap=cmap_map, vmin=-0.5, vmax=len(TERRAIN_COLOURS) - 0.5, interpolation="nearest")
+            if patch_id is not None and patch_id.shape == (h, w):
+                for p in range(int(patch_id.max(initial=-1)) + 1):
+                    rr, cc = np.nonzero(patch_id == p)
+                    ax.text(cc.mean(), rr.mean(), str(p), ha="center", va="center", fontsize=7, color="#006d2c")
         data = np.where(heat[i] > 0, heat[i], np.nan).astype(float)
-        im = ax.imshow(data, cmap="viridis", norm=LogNorm(vmin=1, vmax=max(vmax, 2)))
+        im = ax.imshow(data, cmap="viridis", norm=LogNorm(vmin=1, vmax=max(vmax, 2)), interpolation="nearest")
         ax.set_title(f"agent {i} ({int(heat[i].sum())} steps)", fontsize=9)
         ax.set_xlabel("column", fontsize=8)
         ax.set_ylabel("row", fontsize=8)
@@ -241,36 +272,56 @@ def plot_heatmaps(heat: np.ndarray, run_dir: Path, walls: np.ndarray | None) -> 
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="visits (steps, log scale)",
                      format=FuncFormatter(lambda x, _: f"{x:g}"))
-    fig.suptitle("Visit heatmaps per agent (all evaluation episodes; walls grey)")
+    if has_map:
+        present = [k for k in range(len(artifacts.TERRAIN_NAMES)) if (terrain == k).any()]
+        fig.legend(handles=[Patch(facecolor=TERRAIN_COLOURS[k], edgecolor="k", label=artifacts.TERRAIN_NAMES[k])
+                            for k in present], loc="outside lower center", ncol=min(len(present), 8), fontsize=8)
+        what = ", ".join(artifacts.TERRAIN_NAMES[k] for k in present)
+        fig.suptitle(f"Visit heatmaps per agent (all evaluation episodes) over the map ({what}"
+                     + ("; patch numbers" if patch_id is not None else "") + ")", fontsize=10)
+    else:
+        fig.suptitle("Visit heatmaps per agent (all evaluation episodes; no map recorded)", fontsize=10)
     return _save(fig, run_dir, "visit_heatmaps.png")
 
 
 def plot_per_agent(values: np.ndarray, run_dir: Path, quantity: str) -> str:
-    """Bar chart of a per-agent, per-episode quantity: mean with std error bars. ``values`` float[E, N]."""
+    """Per-agent, per-episode quantity (apples, deliveries): a bar at the mean, a min–max whisker over episodes
+    and every episode as a dot, so the spread shown is the one observed (never below 0 for counts).
+
+    Args:
+        values: float[E, N] (units: ``quantity`` per episode).
+    """
     plt = _plt()
     v = np.asarray(values, np.float64)
-    n = v.shape[1]
-    ms = [audit.mean_std(v[:, i]) for i in range(n)]
+    e, n = v.shape
+    mean = v.mean(axis=0)
+    lo, hi = v.min(axis=0), v.max(axis=0)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.8 * n + 2), 3.4))
-    ax.bar(np.arange(n), [m for m, _, _ in ms], yerr=[s for _, s, _ in ms], capsize=3, color="tab:green")
+    ax.bar(np.arange(n), mean, yerr=np.stack([mean - lo, hi - mean]), capsize=3, color="tab:green",
+           label="mean (whisker: min–max)")
+    jitter = np.linspace(-0.15, 0.15, e) if e > 1 else np.zeros(1)
+    for i in range(n):
+        ax.scatter(i + jitter, v[:, i], s=12, color="k", zorder=3, label="one episode" if i == 0 else None)
     ax.set_xticks(np.arange(n), [f"a{i}" for i in range(n)])
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("agent")
     ax.set_ylabel(f"{quantity} per episode")
-    ax.set_title(f"Per-agent {quantity} (mean ± std over {v.shape[0]} episodes)")
+    ax.set_title(f"Per-agent {quantity} over {e} episode(s)")
     ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, run_dir, "per_agent.png")
 
 
 def plot_patch_survival(alive_count: np.ndarray, run_dir: Path) -> str:
-    """Patches alive over time, mean ± std over episodes. ``alive_count`` int[E, T]."""
+    """Patches alive over time (paper Fig. 2): the mean over episodes and the min–max band.
+    ``alive_count`` int[E, T] (patches; x axis: env step 1..T)."""
     plt = _plt()
     c = np.asarray(alive_count, np.float64)
-    m, s = c.mean(axis=0), c.std(axis=0)
-    t = np.arange(c.shape[1])
+    t = np.arange(1, c.shape[1] + 1)
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    ax.plot(t, m, label="mean over episodes")
-    ax.fill_between(t, m - s, m + s, alpha=0.25, label="± std")
+    ax.plot(t, c.mean(axis=0), label="mean over episodes")
+    ax.fill_between(t, c.min(axis=0), c.max(axis=0), alpha=0.25, label="min–max over episodes")
     ax.set_ylim(bottom=0)
     ax.set_title("Harvest: patches with a live apple")
     ax.set_xlabel("step")
@@ -291,38 +342,15 @@ def _units(game: str | None) -> str:
     return "deliveries" if game and game.startswith("overcooked") else "apples"
 
 
-def _episodes_stats(episodes: list[dict]) -> dict[str, tuple[float, float, int]]:
-    """Mean ± std (sample) over episodes of every numeric per-episode key (lists excluded)."""
-    keys: list[str] = []
-    for ep in episodes:
-        keys += [k for k, v in ep.items() if k != "seed" and k not in keys and isinstance(v, (int, float))
-                 and not isinstance(v, bool)]
-    return {k: audit.mean_std([_num(ep.get(k)) for ep in episodes]) for k in keys}
-
-
-def _summary_stats(summary: Any) -> dict[str, tuple[float, float, int]]:
-    """``{"key": {"mean", "std", "n"?}}`` or ``{"key": value}`` -> ``{key: (mean, std, n)}``."""
-    out: dict[str, tuple[float, float, int]] = {}
-    if isinstance(summary, dict):
-        for k, v in summary.items():
-            if isinstance(v, dict) and "mean" in v:
-                out[k] = (_num(v["mean"]), _num(v.get("std")), int(v.get("n", 0) or 0))
-            elif isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[k] = (float(v), math.nan, 0)
-    return out
-
-
-def _policy_stats(block: Any) -> tuple[dict[str, tuple[float, float, int]], list[dict]]:
-    """Statistics of one evaluated policy (``eval.json`` or its ``baseline``): from episodes when present,
-    else from the summary."""
-    if isinstance(block, list):
-        block = {"episodes": block}
-    if not isinstance(block, dict):
-        return {}, []
-    eps = [e for e in block.get("episodes", []) or [] if isinstance(e, dict)]
-    stats = _summary_stats(block.get("summary"))
-    stats.update(_episodes_stats(eps))
-    return stats, eps
+def _load(loader, path: Path) -> tuple[Any, str | None]:
+    """``(record, None)``, ``(None, "missing")`` or ``(None, "unreadable (<why>)")`` from an
+    :mod:`jaxopt_marl.artifacts` loader."""
+    if not path.exists():
+        return None, "missing"
+    try:
+        return loader(path), None
+    except (artifacts.ArtifactError, OSError) as e:
+        return None, f"unreadable ({e})"
 
 
 def section_header(cfg: dict | None, run_dir: Path) -> list[str]:
@@ -346,6 +374,7 @@ def section_header(cfg: dict | None, run_dir: Path) -> list[str]:
     return lines
 
 
+
 def section_training(rows: list[dict], run_dir: Path, units: str) -> list[str]:
     lines = ["## Training", ""]
     rows = [r for r in rows if "train/return_mean" in r]
@@ -354,7 +383,21 @@ def section_training(rows: list[dict], run_dir: Path, units: str) -> list[str]:
     rnd = np.array([_num(r.get("round", k)) for k, r in enumerate(rows)])
     mean = np.array([_num(r.get("train/return_mean")) for r in rows])
     std = np.array([_num(r.get("train/return_std")) for r in rows])
-    fig = plot_training_curve(rnd, mean, std, run_dir, units)
+    returns = [r.get("train/returns") for r in rows]
+    if all(isinstance(x, list) and x for x in returns):
+        returns = [[_num(v) for v in x] for x in returns]
+        lo, hi = np.array([min(x) for x in returns]), np.array([max(x) for x in returns])
+        band = "min–max of the K rollouts"
+    elif all("train/return_min" in r and "train/return_max" in r for r in rows):
+        returns = None
+        lo = np.array([_num(r["train/return_min"]) for r in rows])
+        hi = np.array([_num(r["train/return_max"]) for r in rows])
+        band = "min–max of the K rollouts"
+    else:
+        returns = None
+        lo, hi = np.maximum(mean - std, 0.0), mean + std
+        band = "± std (clipped at 0: returns are counts)"
+    fig = plot_training_curve(rnd, mean, lo, hi, returns, run_dir, units, band)
     cols = [(k, h, d) for k, h, d in TRAIN_COLUMNS if any(k in r for r in rows)]
     idx = np.arange(len(rows))
     if len(rows) > MAX_TABLE_ROWS:
@@ -362,55 +405,106 @@ def section_training(rows: list[dict], run_dir: Path, units: str) -> list[str]:
     body = [[fmt(int(rnd[i]) if math.isfinite(rnd[i]) else i), fmt_pm(mean[i], std[i])]
             + [fmt(_num(rows[i].get(k)), d) for k, _, d in cols] for i in idx]
     best = int(np.nanargmax(mean)) if np.isfinite(mean).any() else None
-    lines += [f"{len(rows)} rounds. Team return is mean ± std over the K rollouts of a round ({units}).", ""]
+    lines += [f"{len(rows)} rounds. Team return is mean ± std over the K rollouts of a round ({units}); "
+              "rollout s and update s are the wall seconds of the round's rollouts and of its PA-MAGRPO update.", ""]
     if best is not None:
         lines += [f"Best round: {fmt(int(rnd[best]))} with {fmt_pm(mean[best], std[best])}; "
                   f"last round: {fmt_pm(mean[-1], std[-1])}.", ""]
     if len(idx) < len(rows):
         lines += [f"(Table shows {len(idx)} evenly spaced rounds of {len(rows)}; the figure shows all.)", ""]
     lines += table(["round", "team return", *(h for _, h, _ in cols)], body)
-    return lines + ["", f"![training curve]({fig})"]
+    return lines + ["", f"![training curve]({fig})", "",
+                    f"The band is the {band}; dots are single rollouts where recorded."]
 
 
-def section_eval(ev: dict | None, game: str | None) -> list[str]:
+def compare(trained: Sequence[float], base: Sequence[float]) -> dict:
+    """A trained-vs-base comparison of one per-episode metric (paper §6.1 statistics, :mod:`jaxopt_marl.stats`).
+
+    NaN values (undefined episodes) are dropped first. Verdict: :data:`NOISE` when either 95% bootstrap CI of the
+    mean is missing (fewer than 2 values), the two CIs overlap (share at least one point), or either policy has
+    fewer than :data:`jaxopt_marl.stats.MIN_EPISODES` episodes (with 2 vs 2 even two constant, separated samples
+    give disjoint CIs, and the exact test cannot go below p = 1/3); otherwise ``"trained higher"`` or
+    ``"trained lower"``.
+
+    Returns:
+        ``{"trained": summarize(...), "base": summarize(...), "p": float | None, "verdict": str}``.
+    """
+    t = np.asarray(trained, np.float64)
+    b = np.asarray(base, np.float64)
+    t, b = t[np.isfinite(t)], b[np.isfinite(b)]
+    st, sb = stats.summarize(t, "trained"), stats.summarize(b, "frozen_base")
+    mw = stats.mann_whitney(t, b, "trained", "frozen_base")
+    few = min(t.size, b.size) < stats.MIN_EPISODES
+    return {"trained": st, "base": sb, "p": None if mw is None else mw["p_value"],
+            "verdict": NOISE if few else _verdict(st.get("ci"), sb.get("ci"))}
+
+
+def _verdict(ci_t: Any, ci_b: Any) -> str:
+    if not (isinstance(ci_t, list) and isinstance(ci_b, list)):
+        return NOISE
+    if ci_t[0] <= ci_b[1] and ci_b[0] <= ci_t[1]:
+        return NOISE
+    return "trained higher" if ci_t[0] > ci_b[1] else "trained lower"
+
+
+def _ci_text(ci: Any) -> str:
+    return f"[{fmt(_num(ci[0]))}, {fmt(_num(ci[1]))}]" if isinstance(ci, list) and len(ci) == 2 else "n/a"
+
+
+def section_eval(ev: artifacts.EvalRecord | None, why: str | None, game: str | None) -> list[str]:
+    """The "Evaluation" section: per-episode metrics of the trained adapters against the frozen base, each row
+    with both 95% CIs, the Mann–Whitney p and a verdict (:func:`compare`); per-agent apples; the statistics."""
     lines = ["## Evaluation", ""]
-    if not isinstance(ev, dict):
-        return lines + ["`eval.json` is missing: no evaluation to report."]
-    stats, eps = _policy_stats(ev)
-    baseline = ev.get("baseline") if ev.get("baseline") is not None else ev.get("base")
-    base_stats, base_eps = _policy_stats(baseline) if baseline is not None else ({}, [])
-    seeds = [e.get("seed") for e in eps if "seed" in e] or list(ev.get("seeds", []) or [])
-    policy = ev.get("policy", "trained")
-    lines += [f"Policy: `{policy if isinstance(policy, str) else json.dumps(policy, default=str)}`. "
-              f"{len(eps)} episode(s); seeds: {_seed_text(seeds)}. Values are mean ± std (sample std) over "
-              "episodes.", ""]
-    if ev.get("checkpoint_rule") is not None:
-        ret = _num(ev.get("checkpoint_train_return"))
-        lines += [f"Adapters: {ev['checkpoint_rule']}; round {fmt(ev.get('checkpoint_round'))}"
+    if ev is None:
+        return lines + [f"`eval.json` is {why or 'missing'}: no evaluation to report."]
+    tr, base = ev.trained, ev.base
+    units = _units(game or ev.game)
+    lines += [f"Policy: `{tr.policy}`. {len(tr.episodes)} episode(s); seeds: {_seed_text(tr.seeds)}. Values are "
+              "mean ± std (sample std) over episodes.", ""]
+    if ev.checkpoint_rule is not None:
+        ret = _num(ev.checkpoint_train_return)
+        lines += [f"Adapters: {ev.checkpoint_rule}; round {fmt(ev.checkpoint_round)}"
                   + (f" (its mean training team return {fmt(ret)})" if math.isfinite(ret) else "") + "."
                   + (" Round 0 was played by the initial adapters (B = 0), which compute exactly the frozen base: "
-                     "no training round beat it." if ev.get("checkpoint_round") == 0
-                     and ev.get("eval_checkpoint", "best") == "best" else ""), ""]
-    keys = list(dict.fromkeys([*(["team_return"] if "team_return" in stats else []), *stats, *base_stats]))
-    if not keys:
-        return lines + ["`eval.json` holds no per-episode numbers or summary."]
-    if base_stats:
-        bname = baseline.get("policy", "frozen base") if isinstance(baseline, dict) else "frozen base"
-        header = ["metric", f"baseline ({bname})", "trained", "n (baseline / trained)"]
-        rows = [[k, fmt_pm(*base_stats.get(k, (math.nan, math.nan, 0))[:2]),
-                 fmt_pm(*stats.get(k, (math.nan, math.nan, 0))[:2]),
-                 f"{base_stats.get(k, (0, 0, 0))[2]} / {stats.get(k, (0, 0, 0))[2]}"] for k in keys]
+                     "no training round beat it." if ev.checkpoint_round == 0
+                     and (ev.eval_checkpoint or "best") == "best" else ""), ""]
+    keys = tr.numeric_keys()
+    if base is not None:
+        keys += [k for k in base.numeric_keys() if k not in keys]
+        header = ["metric", f"baseline ({base.policy})", "trained", "n (baseline / trained)", "baseline 95% CI",
+                  "trained 95% CI", "Mann–Whitney p", "verdict"]
+        rows = []
+        for k in keys:
+            tv, bv = tr.metric(k), base.metric(k)
+            c = compare(tv, bv)
+            tm, tsd, tn = audit.mean_std(tv)
+            bm, bsd, bn = audit.mean_std(bv)
+            rows.append([k, fmt_pm(bm, bsd), fmt_pm(tm, tsd), f"{bn} / {tn}", _ci_text(c["base"]["ci"]),
+                         _ci_text(c["trained"]["ci"]), _fmt_p(c["p"]), c["verdict"]])
+        lines += table(header, rows)
+        noise = sum(r[-1] == NOISE for r in rows)
+        lines += ["", f"Each row compares the two policies on the same seeds: 95% percentile bootstrap CIs of the "
+                      f"mean and the two-sided Mann–Whitney p (paper §6.1, `jaxopt_marl.stats`). A difference is "
+                      f"called {NOISE} when the CIs overlap, one cannot be computed (fewer than 2 episodes) or "
+                      f"a policy has fewer than {stats.MIN_EPISODES} episodes: {noise} of {len(rows)} rows here."]
     else:
-        header = ["metric", "mean ± std", "n"]
-        rows = [[k, fmt_pm(*stats[k][:2]), str(stats[k][2])] for k in keys]
-    lines += table(header, rows)
-    agent_ret = [e["agent_returns"] for e in eps if isinstance(e.get("agent_returns"), list)]
-    if agent_ret and len({len(a) for a in agent_ret}) == 1:
-        arr = np.asarray(agent_ret, np.float64)
-        lines += ["", "Per-agent return (mean ± std over episodes, from `eval.json`):", "",
-                  *table(["agent", "return"], [[f"a{i}", fmt_pm(*audit.mean_std(arr[:, i])[:2])]
-                                               for i in range(arr.shape[1])])]
-    return lines + [""] + section_stats(ev.get("stats"), game)
+        rows = [[k, fmt_pm(*audit.mean_std(tr.metric(k))[:2]), str(audit.mean_std(tr.metric(k))[2])] for k in keys]
+        lines += table(["metric", "mean ± std", "n"], rows)
+        lines += ["", "The frozen base was not evaluated (`--no-eval-base`): nothing to compare with."]
+    apples = [ep.get("agent_apples") for ep in tr.episodes]
+    if apples and all(isinstance(a, list) and a for a in apples) and len({len(a) for a in apples}) == 1:
+        arr = np.asarray(apples, np.float64)
+        team = np.asarray(tr.team_returns, np.float64)
+        ok = np.isclose(arr.sum(axis=1), team)
+        lines += ["", "Per-agent apples eaten (mean ± std over episodes, from `eval.json` `agent_apples`: Σ of the "
+                      "agent's unshaped reward, a step can bring 2 apples):", "",
+                  *table(["agent", "apples"], [[f"a{i}", fmt_pm(*audit.mean_std(arr[:, i])[:2])]
+                                               for i in range(arr.shape[1])]), "",
+                  (f"The per-agent apples add up to the team return in all {len(team)} episode(s) "
+                   f"(mean {fmt(float(team.mean()))} {units})." if ok.all() else
+                   f"Warning: the per-agent apples differ from the team return in {int((~ok).sum())} of "
+                   f"{len(team)} episode(s).")]
+    return lines + [""] + section_stats(ev.stats, game)
 
 
 def _fmt_count(x: Any) -> str:
@@ -478,15 +572,26 @@ def _seed_text(seeds: Sequence[Any]) -> str:
     return ", ".join(str(x) for x in s)
 
 
-def _decisions(run_dir: Path) -> tuple[list[dict], str | None, str | None]:
-    """Decision records of the evaluation (else of the latest training round), their source and a note."""
-    d = run_dir / "decisions"
-    recs, note = load_jsonl(d / "eval.jsonl")
+
+def _decisions(run_dir: Path) -> tuple[list, str | None, str | None]:
+    """Decision traces of the evaluation (else of the latest training round), their source and a note."""
+    d = run_dir / artifacts.DECISIONS
+
+    def read(path: Path) -> tuple[list, str | None]:
+        if not path.exists():
+            return [], "missing"
+        try:
+            recs, bad = artifacts.load_traces(path)
+        except OSError as e:
+            return [], f"unreadable ({e})"
+        return recs, (f"{bad} malformed line(s) skipped" if bad else None)
+
+    recs, note = read(d / "eval.jsonl")
     if recs:
         return recs, "decisions/eval.jsonl", note
     rounds = sorted(d.glob("round_*.jsonl")) if d.is_dir() else []
     if rounds:
-        recs, note2 = load_jsonl(rounds[-1])
+        recs, note2 = read(rounds[-1])
         if recs:
             return recs, f"decisions/{rounds[-1].name} (no evaluation decisions)", note2
     return [], None, note
@@ -532,188 +637,156 @@ def section_decisions(recs: list[dict], source: str | None, note: str | None, n_
     return lines, counts
 
 
-def section_trajectories(z: dict[str, np.ndarray] | None, note: str | None, game: str | None,
-                         eval_eps: list[dict], recs: list[dict], run_dir: Path) -> list[str]:
+
+def section_responses(recs: list, cfg: dict) -> list[str]:
+    """Says what a trace's ``response`` is: model text, or (``choice_only``) a template the rollout formatted."""
+    if not recs:
+        return []
+    n_tpl = sum(r.get("response_source") == "template" for r in recs)
+    n_model = sum(r.get("response_source") == "model" for r in recs)
+    n_unknown = len(recs) - n_tpl - n_model
+    lines = []
+    if n_tpl or (n_unknown and cfg.get("mode") == "choice_only"):
+        ex = next((r.get("response") for r in recs if r.get("response")), None)
+        n_lab = n_tpl + n_unknown if cfg.get("mode") == "choice_only" else n_tpl
+        lines.append(f"**Templated responses.** In `choice_only` mode the model scores the menu letters in one "
+                     f"forward pass and writes no text: the `response` of {n_lab} "
+                     f"of these {len(recs)} decision traces"
+                     + (f" (e.g. `{json.dumps(ex)[1:-1]}`)" if ex else "")
+                     + " is a template the rollout formatted from the sampled letter and state label "
+                       "(`response_source: template`), not model output.")
+    if n_model:
+        lines.append(f"{n_model} trace(s) hold text the model generated (`response_source: model`).")
+    return lines + [""] if lines else []
+
+
+def section_handoffs(recs: list, n_agents: int | None) -> list[str]:
+    """Overcooked counter hand-offs (:func:`jaxopt_marl.audit.handoffs`) per episode."""
+    lines = ["### Hand-offs over counters", ""]
+    if not recs:
+        return lines + ["No decision traces: hand-offs are not counted."]
+    n = n_agents or (max(int(r["aid"]) for r in recs) + 1)
+    h = audit.handoffs(recs, n)
+    n_eps = len({(r.get("round"), r.get("rollout"), r.get("seed")) for r in recs}) or 1
+    rows = [[f"a{i}", *[str(int(h[i, j])) for j in range(n)]] for i in range(n)]
+    off = int(h.sum() - np.trace(h))
+    return lines + [
+        "A hand-off is an item one agent put on a counter (`drop_held`, success) that the other then picked up "
+        "(`pick_from_counter`, success) at the same counter in the same episode (rows: who dropped, columns: who "
+        "picked up; the diagonal: agents taking back their own items). Forced Coordination can only deliver "
+        "through hand-offs.", "",
+        *table(["dropped by \\ picked by", *[f"a{j}" for j in range(n)]], rows), "",
+        f"{off} hand-off(s) over {n_eps} episode(s) ({fmt(off / n_eps)} per episode)."]
+
+
+def section_trajectories(traj: artifacts.EvalTrajectories | None, note: str | None, game: str | None,
+                         ev: artifacts.EvalRecord | None, recs: list, run_dir: Path) -> list[str]:
+    """Spec §4 metrics, per-agent idling / apples / deliveries / waiting fraction / role by steps, the visit
+    heatmaps over the map, and Harvest's patch survival, from ``eval_traj.npz`` (trained adapters)."""
     lines = ["### Trajectories", ""]
-    if z is None or "positions" not in z:
-        why = note if z is None else "has no `positions`"
-        return lines + [f"`eval_traj.npz` {why}: idling, visit heatmaps, per-agent apples and the spec §4 "
-                        "metrics from trajectories are skipped."]
-    pos = np.asarray(z["positions"])
-    if pos.ndim == 3:
-        pos = pos[None]
-    e, t, n = pos.shape[:3]
-    alive = np.asarray(z["alive"], bool).reshape(e, t, n) if "alive" in z else None
-    rew = np.asarray(z["rewards"], np.float64).reshape(e, t, n) if "rewards" in z else None
-    lines += [f"{e} episode(s) × {t} steps × {n} agents." + ("" if alive is not None else
-                                                              " (`alive` absent: every agent counted in play.)"), ""]
+    if traj is None:
+        return lines + [f"`eval_traj.npz` {note or 'missing'}: idling, visit heatmaps, per-agent apples and the "
+                        "spec §4 metrics from trajectories are skipped."]
+    p = traj.trained
+    pos, alive, rew = p.positions, p.alive, p.rewards.astype(np.float64)
+    e, t, n = p.shape
+    lines += [f"{e} episode(s) × {t} steps × {n} agents (trained adapters).", ""]
     # 1. spec §4 metrics
-    if rew is not None:
-        sm = audit.social_metrics(rew, alive)
-        lines += ["Spec §4 metrics (unshaped rewards; mean ± std over episodes): efficiency = team return per step, "
-                  "equality = 1 − Gini (1 when nothing collected), sustainability = mean step of rewards "
-                  "(unrewarded agents excluded), peace = mean agents in play per step.", "",
-                  *table(["metric", "mean ± std"], [[k, fmt_pm(*audit.mean_std(v)[:2], 3)] for k, v in sm.items()]),
-                  ""]
-    # 2. per-agent table: returns / apples / deliveries, idling
+    sm = audit.social_metrics(rew, alive)
+    lines += ["Spec §4 metrics (unshaped rewards; mean ± std over episodes): efficiency = team return per step, "
+              "equality = 1 − Gini (1 when nothing collected), sustainability = mean step of rewards "
+              "(unrewarded agents excluded), peace = mean agents in play per step.", "",
+              *table(["metric", "mean ± std"], [[k, fmt_pm(*audit.mean_std(v)[:2], 3)] for k, v in sm.items()]),
+              ""]
+    # 2. per-agent table: idling, apples / deliveries, waiting fraction, role by steps
     stat = audit.stationary_fraction(pos, alive)
     cols: dict[str, list[str]] = {"stationary fraction": [fmt(x, 3) for x in stat]}
-    per_agent, quantity, lines_extra = None, None, []
+    per_agent, quantity, extra = None, None, []
     if game and game.startswith("overcooked"):
         if recs:
-            deliv = audit.successes_per_agent(recs, num_agents=n)
-            n_eps = len({(r.get("seed"), r.get("rollout")) for r in recs}) or 1
-            cols["deliveries / episode (decisions)"] = [fmt(d / n_eps) for d in deliv]
-            lines_extra = [f"Deliveries per agent count `deliver` decisions with outcome `success`, divided by the "
-                           f"{n_eps} episode(s) (distinct seed, rollout) of the decision records."]
-        if rew is not None:
-            per_agent, quantity = audit.per_agent_returns(rew), "return"
-    elif rew is not None:
-        per_agent, quantity = audit.per_agent_apples(rew), "apples"
-    if per_agent is not None:
-        cols[f"{quantity} / episode"] = [fmt_pm(*audit.mean_std(per_agent[:, i])[:2]) for i in range(n)]
-    if "opt_ids" in z and "option_names" in z:
-        names = [str(x) for x in np.asarray(z["option_names"]).tolist()]
-        idle_ids = [k for k, nm in enumerate(names) if audit.option_category(nm) == "idle"]
-        wf = audit.waiting_fraction(z["opt_ids"], idle_ids, alive)
-        cols["waiting fraction (idle options)"] = [fmt(x, 3) for x in wf]
-        steps = audit.option_step_histogram(z["opt_ids"], len(names), alive)
-        ssplit = audit.role_split(names, steps)
-        cols["role by steps"] = list(ssplit.roles)
-    lines += ["Per agent (stationary fraction = share of in-play transitions without a change of cell):", "",
-              *table(["agent", *cols], [[f"a{i}", *[c[i] for c in cols.values()]] for i in range(n)]), "",
-              *lines_extra]
+            eps = sorted({(r.get("seed"), r.get("rollout")) for r in recs}, key=str)
+            per_ep = np.stack([audit.successes_per_agent([r for r in recs if (r.get("seed"), r.get("rollout")) == k],
+                                                         num_agents=n) for k in eps]).astype(np.float64)
+            cols["deliveries / episode (decisions)"] = [fmt(d) for d in per_ep.mean(axis=0)]
+            per_agent, quantity = per_ep, "deliveries"
+            extra = [f"Deliveries per agent count `deliver` decisions with outcome `success`, over the {len(eps)} "
+                     "episode(s) (distinct seed, rollout) of the decision records; the delivery reward itself is "
+                     "shared by both agents, so it does not tell who delivered."]
+    else:
+        per_agent, quantity = p.per_agent_apples().astype(np.float64), "apples"
+        cols["apples / episode"] = [fmt_pm(*audit.mean_std(per_agent[:, i])[:2]) for i in range(n)]
+        team = rew.sum(axis=(1, 2))
+        same = np.isclose(per_agent.sum(axis=1), team)
+        extra = [f"Apples per agent = Σ of its unshaped reward (a step can bring 2 apples); they add up to the team "
+                 f"return in {int(same.sum())} of {e} episode(s)."]
+    wf = audit.waiting_fraction(p.options, traj.idle_option_ids, alive)
+    cols["waiting fraction (idle options)"] = [fmt(x, 3) for x in wf]
+    steps = audit.option_step_histogram(p.options, len(traj.option_names), alive)
+    cols["role by steps"] = list(audit.role_split(traj.option_names, steps).roles)
+    lines += ["Per agent (stationary fraction = share of in-play transitions without a change of cell; waiting "
+              f"fraction = share of in-play steps running an idle option: "
+              f"{', '.join(traj.option_names[k] for k in traj.idle_option_ids) or 'none in the library'}):", "",
+              *table(["agent", *cols], [[f"a{i}", *[c[i] for c in cols.values()]] for i in range(n)]), "", *extra,
+              ""]
     if per_agent is not None:
         lines += [f"![per-agent {quantity}]({plot_per_agent(per_agent, run_dir, quantity)})", ""]
-    # 3. heatmaps
-    walls = np.asarray(z["walls"], bool) if "walls" in z else None
-    shape = walls.shape if walls is not None else _map_shape(game, pos)
-    heat = audit.visit_heatmap(pos, shape, alive)
-    lines += [f"![visit heatmaps]({plot_heatmaps(heat, run_dir, walls)})", ""]
+    # 3. heatmaps over the map
+    heat = audit.visit_heatmap(pos, traj.walls.shape, alive)
+    lines += [f"![visit heatmaps]({plot_heatmaps(heat, run_dir, traj.terrain, traj.patch_id)})", ""]
     # 4. Harvest patch survival
-    if game == "harvest" or any(k in z for k in ("apples", "final_apples", "patches_alive")):
-        lines += section_patches(z, eval_eps, run_dir)
+    if traj.patch_id is not None:
+        lines += section_patches(traj, ev, run_dir)
     return lines
 
 
-def _map_shape(game: str | None, pos: np.ndarray) -> tuple[int, int]:
-    """Map size from the game (``envs_jax``) when it can be built, else from the largest position seen."""
-    fallback = (int(pos[..., 0].max(initial=0)) + 1, int(pos[..., 1].max(initial=0)) + 1)
-    if not game:
-        return fallback
-    try:
-        import envs_jax
-
-        env = envs_jax.make(game)
-        h, w = int(env.height), int(env.width)
-        return (h, w) if h >= fallback[0] and w >= fallback[1] else fallback
-    except Exception:  # unknown game or no map attributes: the positions bound the map
-        return fallback
-
-
-def _harvest_patch_id() -> np.ndarray | None:
-    try:
-        from envs_jax.harvest import APPLE_CHARS, ASCII_MAP, label_patches
-    except Exception:
-        return None
-    chars = np.array([list(line) for line in ASCII_MAP.strip("\n").split("\n")])
-    return label_patches(np.isin(chars, list(APPLE_CHARS)))
-
-
-def section_patches(z: dict[str, np.ndarray], eval_eps: list[dict], run_dir: Path) -> list[str]:
+def section_patches(traj: artifacts.EvalTrajectories, ev: artifacts.EvalRecord | None, run_dir: Path) -> list[str]:
+    """Harvest patch survival (paper Fig. 2; spec §4): patches holding a live apple after every step, from the
+    live-apple grids of ``eval_traj.npz``; without them, the final count from ``eval.json``
+    (``final_patches_alive``)."""
     lines = ["### Harvest patch survival", ""]
-    over_time = final = None
-    source = None
-    pid = np.asarray(z["patch_id"]) if "patch_id" in z else None
-    if ("apples" in z or "final_apples" in z) and pid is None:
-        pid = _harvest_patch_id()
-    if "apples" in z and pid is not None and np.asarray(z["apples"]).ndim == 4:
-        alive_t = audit.patches_alive(z["apples"], pid)  # [E, T, P]
-        over_time, source = alive_t.sum(-1), "live-apple grids over time in `eval_traj.npz`"
+    pid = traj.patch_id
+    n_p = int(pid.max(initial=-1)) + 1
+    apples = traj.trained.apples
+    if apples is not None:
+        alive_t = audit.patches_alive(apples, pid)  # [E, T, P]
+        over_time = alive_t.sum(-1)
         ext = audit.extinction_step(alive_t)
         died = ext[ext >= 0]
-        lines_ext = [f"Extinct patches: {died.size} of {ext.size} (episode × patch); mean extinction step "
-                     f"{fmt(float(died.mean()) if died.size else math.nan, 1)}."]
-    else:
-        lines_ext = []
-        if "patches_alive" in z:
-            pa = np.asarray(z["patches_alive"])
-            over_time, source = (pa, "`patches_alive` in `eval_traj.npz`") if pa.ndim == 2 else (None, None)
-            final = pa if pa.ndim == 1 else None
-            source = source or "`patches_alive` in `eval_traj.npz`"
-        elif "final_apples" in z and pid is not None:
-            final, source = audit.patches_alive(z["final_apples"], pid).sum(-1), "final apple grids"
-        elif any("patches_alive" in ep for ep in eval_eps):
-            final = np.array([_num(ep.get("patches_alive")) for ep in eval_eps])
-            source = "`patches_alive` per episode in `eval.json`"
-    if over_time is not None:
         final = over_time[:, -1]
-    if final is None:
-        return lines + ["No apple grids or `patches_alive` recorded: patch survival not reported."]
-    lines += [f"Patches alive at the end of the episode (of 6; from {source}): "
-              f"{fmt_pm(*audit.mean_std(final)[:2])} over {len(final)} episode(s).", *lines_ext, ""]
-    if over_time is not None:
-        lines += [f"![patch survival]({plot_patch_survival(over_time, run_dir)})", ""]
-    return lines
+        lines += [f"Patches alive at the end of the episode (of {n_p}; from the live-apple grids over time in "
+                  f"`eval_traj.npz`): {fmt_pm(*audit.mean_std(final)[:2])} over {len(final)} episode(s).",
+                  f"Extinct patches: {died.size} of {ext.size} (episode × patch); mean extinction step "
+                  f"{fmt(float(died.mean()) if died.size else math.nan, 1)}.", "",
+                  f"![patch survival]({plot_patch_survival(over_time, run_dir)})", ""]
+        return lines
+    final = None if ev is None else ev.trained.metric("final_patches_alive")
+    if final is None or not np.isfinite(final).any():
+        return lines + ["No live-apple grids in `eval_traj.npz` and no `final_patches_alive` in `eval.json`: "
+                        "patch survival not reported."]
+    return lines + [f"Patches alive at the end of the episode (of {n_p}; `final_patches_alive` per episode in "
+                    f"`eval.json`; no grids over time were recorded): {fmt_pm(*audit.mean_std(final)[:2])} over "
+                    f"{int(np.isfinite(final).sum())} episode(s)."]
 
 
-def _solo_arrays(solo: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(team float[N, S], own float[N, S], full float[S])`` from ``solo.json`` (NaN where absent); a
-    per-agent ``solo_team`` / ``own`` summary stands in for missing per-seed lists.
-
-    Raises:
-        ValueError: ``agents`` is missing or not a list of objects.
-    """
-    agents = solo.get("agents")
-    if not isinstance(agents, list) or not agents or not all(isinstance(a, dict) for a in agents):
-        raise ValueError("`agents` is missing or not a list of objects")
-
-    def per_seed(a: dict, key: str, summary: str) -> list[float]:
-        v = a.get(key)
-        if isinstance(v, list) and v:
-            return [_num(x) for x in v]
-        m = a.get(summary)
-        return [_num(m.get("mean"))] if isinstance(m, dict) else [math.nan]
-
-    rows = [per_seed(a, "solo_team_return", "solo_team") for a in agents]
-    owns = [per_seed(a, "own_return", "own") for a in agents]
-    width = max(len(r) for r in rows + owns)
-
-    def pad(r: list[float]) -> list[float]:
-        return r + [math.nan] * (width - len(r))
-
-    full = solo.get("full_team")
-    if isinstance(full, dict):
-        f = full.get("returns")
-        full = [_num(x) for x in f] if isinstance(f, list) and f else [_num(full.get("mean"))]
-    elif isinstance(full, list):
-        full = [_num(x) for x in full]
-    else:
-        full = [math.nan]
-    return np.array([pad(r) for r in rows]), np.array([pad(r) for r in owns]), np.array(full, np.float64)
-
-
-def section_solo(solo: Any, why: str | None, cfg: dict, game: str | None) -> list[str]:
-    """The "Solo test" subsection (paper §6.4): each agent alone, the others idled, against the full team."""
+def section_solo(solo: artifacts.SoloRecord | None, why: str | None, cfg: dict, game: str | None) -> list[str]:
+    """The "Solo test" subsection (paper §6.4): each agent alone, the others idled, against the full team, with
+    the verdict of :func:`jaxopt_marl.audit.solo_verdict` and its rule."""
     lines = ["### Solo test", ""]
     wanted = _num(cfg.get("solo_episodes"))
-    if why is not None or not isinstance(solo, dict):
+    if solo is None:
         if why == "missing":
             return lines + (["Not run (config `solo_episodes` = 0)."] if not wanted > 0 else
                             [f"`solo.json` is missing although the config asks for {fmt(int(wanted))} solo "
                              "episode(s): the solo test is skipped."])
-        return lines + [f"`solo.json` {why or 'is not a JSON object'}: the solo test is skipped."]
-    try:
-        team, own, full = _solo_arrays(solo)
-    except ValueError as e:
-        return lines + [f"`solo.json` is malformed ({e}): the solo test is skipped."]
-    units = solo.get("units") or ("deliveries" if game and game.startswith("overcooked") else "apples")
-    seeds = solo.get("seeds") if isinstance(solo.get("seeds"), list) else []
+        return lines + [f"`solo.json` is malformed: {why}; the solo test is skipped."]
+    team, own, full = solo.team_return, solo.own_return, solo.full_team
+    units = solo.units or _units(game)
+    seeds = list(solo.seeds)
     f_mean, f_std, f_n = audit.mean_std(full)
     lines += [f"Each agent plays alone with its evaluated adapter while every other agent is idled (takes `wait` "
-              f"at each decision point, no LLM call), on {len(seeds) or team.shape[1]} evaluation seed(s) "
-              f"({_seed_text(seeds)}); the full team's return on the same seeds comes from the evaluation. "
-              f"Returns in {units}, mean ± std (sample std) over seeds.", ""]
+              f"at each decision point, no LLM call), on {len(seeds)} evaluation seed(s) ({_seed_text(seeds)}); "
+              f"the full team's return on the same seeds comes from the evaluation. Returns in {units}, mean ± std "
+              "(sample std) over seeds.", ""]
     rows = []
     for i in range(team.shape[0]):
         m, sd, _ = audit.mean_std(team[i])
@@ -724,6 +797,7 @@ def section_solo(solo: Any, why: str | None, cfg: dict, game: str | None) -> lis
     lines += table(["agent", f"solo team return ({units})", f"own return ({units})", "vs full team"], rows)
     lines += ["", f"Full team on the same seeds: {fmt_pm(f_mean, f_std)} {units}.", ""]
     verdict = audit.solo_verdict(team, full)
+    k = audit.solo_scoring_seeds(full)
     scoring = [f"a{i}" for i in range(team.shape[0]) if (team[i][np.isfinite(team[i])] > 0).any()]
     lines.append({
         "solo_solvable": f"Solo-solvable: {', '.join(scoring)} score{'s' if len(scoring) == 1 else ''} alone, so "
@@ -732,15 +806,31 @@ def section_solo(solo: Any, why: str | None, cfg: dict, game: str | None) -> lis
         "needs_partner": f"Needs a partner: every agent alone scores 0 while the full team scores "
                          f"{fmt(f_mean)} {units}, so the team's reward is behaviour that only works with a partner, "
                          "evidence of coordination (paper §6.4: Overcooked Forced Coordination).",
-        "not_informative": "Not informative: the full team itself scores 0 on these seeds, so solo scores of 0 say "
-                           "nothing about coordination.",
-        "undetermined": "Undetermined: every solo score is 0 and the full team's return on these seeds is not "
-                        "recorded.",
+        "not_informative": f"Not informative: the full team scored on {k} of the {len(seeds)} seed(s), fewer than "
+                           f"the {audit.MIN_SOLO_SEEDS} the rule needs, so the solo scores say nothing about "
+                           "coordination.",
+        "undetermined": "Undetermined: the full team's return on these seeds is not recorded.",
     }[verdict])
-    n_seeds = len(seeds) or team.shape[1]
-    if verdict in ("solo_solvable", "needs_partner") and n_seeds < 3:
-        lines.append(f"Only {n_seeds} seed(s): indicative, not evidence; the paper's protocol uses the evaluation "
-                     "seeds of a full-budget run.")
+    lines += ["", f"Rule (`jaxopt_marl.audit.solo_verdict`): a verdict needs at least {audit.MIN_SOLO_SEEDS} seeds "
+                  f"on which the full team scored (return > 0); then solo-solvable if some agent alone scores on "
+                  f"some seed, needs-a-partner if none does; otherwise not informative. Here: {k} of "
+                  f"{len(seeds)} seed(s)."]
+    return lines
+
+
+def section_episode(run_dir: Path, ev: artifacts.EvalRecord | None) -> list[str]:
+    lines = ["## Episode", ""]
+    if not (run_dir / "episode.gif").exists():
+        return lines + ["No `episode.gif` in the run directory."]
+    lines.append("![episode](episode.gif)")
+    if ev is not None and ev.seeds:
+        rnd = f" of round {ev.checkpoint_round}" if ev.checkpoint_round is not None else ""
+        rule = ev.checkpoint_rule or "checkpoint rule not recorded"
+        lines += ["", f"Whose episode: evaluation episode 0 (seed {ev.seeds[0]}) of the trained adapters{rnd} "
+                      f"({rule}), replayed from its recorded primitive "
+                      "actions with the same env keys: the evaluated episode itself (team return "
+                      f"{fmt(ev.trained.team_returns[0])} {_units(ev.game)}), not a fresh sample. Each frame shows "
+                      "the step counter (the state after env step t of T) and a colour legend."]
     return lines
 
 
@@ -752,7 +842,7 @@ def section_solo(solo: Any, why: str | None, cfg: dict, game: str | None) -> lis
 def write_report(run_dir: str | Path) -> Path:
     """Writes ``run_dir/report.md`` (and ``run_dir/figures/*.png``) from the run's files.
 
-    Missing or unreadable inputs are listed under "Missing inputs" and their sections say what was skipped;
+    Missing or malformed inputs are listed under "Missing inputs" and their sections say what was skipped;
     the function raises only if ``run_dir`` does not exist or cannot be written.
 
     Args:
@@ -760,6 +850,9 @@ def write_report(run_dir: str | Path) -> Path:
 
     Returns:
         The path of ``report.md``.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -770,49 +863,42 @@ def write_report(run_dir: str | Path) -> Path:
     if why or not isinstance(cfg, dict):
         missing.append(f"`config.json` {why or 'is not a JSON object'}")
         cfg = {}
-    game = cfg.get("game")
     rows, why = load_jsonl(run_dir / "metrics.jsonl")
     if why:
         missing.append(f"`metrics.jsonl` {why}")
-    ev, why = load_json(run_dir / "eval.json")
-    if why or not isinstance(ev, dict):
-        missing.append(f"`eval.json` {why or 'is not a JSON object'}")
-        ev = None
-    z, z_why = load_npz(run_dir / "eval_traj.npz")
-    if z_why:
-        missing.append(f"`eval_traj.npz` {z_why}")
+    ev, ev_why = _load(artifacts.EvalRecord.load, run_dir / artifacts.EVAL_JSON)
+    if ev_why:
+        missing.append(f"`eval.json` {ev_why}")
+    game = cfg.get("game") or (ev.game if ev is not None else None)
+    traj, traj_why = _load(artifacts.EvalTrajectories.load, run_dir / artifacts.EVAL_TRAJ)
+    if traj_why:
+        missing.append(f"`eval_traj.npz` {traj_why}")
     recs, source, note = _decisions(run_dir)
     if not recs:
         missing.append("`decisions/eval.jsonl` and `decisions/round_*.jsonl` missing or empty")
-    gif = run_dir / "episode.gif"
-    if not gif.exists():
+    if not (run_dir / "episode.gif").exists():
         missing.append("`episode.gif` missing")
-    solo, solo_why = load_json(run_dir / "solo.json")
+    solo, solo_why = _load(artifacts.SoloRecord.load, run_dir / artifacts.SOLO_JSON)
     if solo_why == "missing":
         if _num(cfg.get("solo_episodes")) > 0:
             missing.append(f"`solo.json` missing (config `solo_episodes` = {cfg['solo_episodes']})")
-    elif solo_why or not isinstance(solo, dict):
-        missing.append(f"`solo.json` {solo_why or 'is not a JSON object'}")
+    elif solo_why:
+        missing.append(f"`solo.json` {solo_why}")
 
-    n_agents = None
-    if z is not None and "positions" in z:
-        n_agents = int(np.shape(z["positions"])[-2])
-    elif isinstance(cfg.get("num_agents"), int):
-        n_agents = cfg["num_agents"]
-
-    eval_eps = [e for e in (ev or {}).get("episodes", []) or [] if isinstance(e, dict)]
+    n_agents = traj.trained.shape[2] if traj is not None else (
+        cfg["num_agents"] if isinstance(cfg.get("num_agents"), int) else None)
     lines = section_header(cfg, run_dir) + [""]
     lines += section_training(rows, run_dir, _units(game)) + [""]
-    lines += section_eval(ev, game) + [""]
+    lines += section_eval(ev, ev_why, game) + [""]
     lines += ["## Behavioural audits", ""]
-    lib_names = ([str(x) for x in np.asarray(z["option_names"]).tolist()]
-                 if z is not None and "option_names" in z else None)
-    dec_lines, _ = section_decisions(recs, source, note, n_agents, run_dir, lib_names)
-    lines += dec_lines + [""]
-    lines += section_trajectories(z, z_why, game, eval_eps, recs, run_dir) + [""]
+    dec_lines, _ = section_decisions(recs, source, note, n_agents, run_dir,
+                                     traj.option_names if traj is not None else None)
+    lines += dec_lines + [""] + section_responses(recs, cfg)
+    if game and game.startswith("overcooked"):
+        lines += section_handoffs(recs, n_agents) + [""]
+    lines += section_trajectories(traj, traj_why, game, ev, recs, run_dir) + [""]
     lines += section_solo(solo, solo_why, cfg, game) + [""]
-    lines += ["## Episode", ""]
-    lines += ["![episode](episode.gif)"] if gif.exists() else ["No `episode.gif` in the run directory."]
+    lines += section_episode(run_dir, ev)
     lines += ["", "## Missing inputs", ""]
     lines += [f"- {m}" for m in missing] if missing else ["None: every input file was found."]
     out = run_dir / "report.md"
@@ -821,4 +907,4 @@ def write_report(run_dir: str | Path) -> Path:
     return out
 
 
-__all__ = ["write_report", "load_json", "load_jsonl", "load_npz"]
+__all__ = ["write_report", "load_json", "load_jsonl", "compare"]

@@ -567,7 +567,8 @@ class Roller:
                 pending[(b, a)] = len(traces)
                 traces.append(dict(round=int(round_idx), rollout=b, seed=int(seeds[b]), step=int(snap["step"][b]),
                                    aid=int(a), prompt=user, menu=text.split("\n")[1:], response=d.text,
-                                   choice=res.letter, parse=res.reason, parse_fail=not res.ok, option=opt_name,
+                                   response_source="template" if self.policy.cfg.mode == "choice_only"
+                                   else "model", choice=res.letter, parse=res.reason, parse_fail=not res.ok, option=opt_name,
                                    target=None if tgt[0] < 0 else [int(tgt[1]), int(tgt[0])],
                                    outcome="idle" if inst < 0 else "running", logp=d.logp,
                                    reference=bool(reference)))

@@ -107,6 +107,11 @@ def test_per_agent_returns_and_apples():
     r[1, 2, 1] = -1  # a penalty is not an apple
     np.testing.assert_allclose(audit.per_agent_returns(r), [[2, 0], [0, 0]])
     np.testing.assert_array_equal(audit.per_agent_apples(r), [[2, 0], [0, 1]])
+    # A Melting Pot step can bring 2 apples (one regrown under the standing agent, one entered): apples, not
+    # rewarded steps (issue 14: an agent that ate 6 was reported as 5).
+    r[0, 1, 0] = 2
+    np.testing.assert_array_equal(audit.per_agent_apples(r), [[4, 0], [0, 1]])
+    assert audit.per_agent_apples(r).dtype == np.int64
 
 
 def test_successes_per_agent_counts_deliveries():
@@ -201,10 +206,34 @@ def test_solo_test_batched_one_call_per_agent_and_reused_full_team():
 
 
 def test_solo_verdict_reads_the_paper_way():
-    assert audit.solo_verdict([[0, 2], [0, 0]], [3, 3]) == "solo_solvable"  # AA: an agent alone delivers
-    assert audit.solo_verdict([[0, 0], [0, 0]], [3, 1]) == "needs_partner"  # FC: 0 alone, the team scores
+    assert audit.MIN_SOLO_SEEDS == 3
+    assert audit.solo_verdict([[0, 2, 0], [0, 0, 0]], [3, 3, 1]) == "solo_solvable"  # AA: an agent alone delivers
+    assert audit.solo_verdict([[0, 0, 0], [0, 0, 0]], [3, 1, 2]) == "needs_partner"  # FC: 0 alone, the team scores
     assert audit.solo_verdict([[0, 0], [0, 0]], [0, 0]) == "not_informative"  # the team scores nothing either
     assert audit.solo_verdict([[0, 0], [0, 0]], [np.nan, np.nan]) == "undetermined"
+    # The rule: at least MIN_SOLO_SEEDS seeds on which the full team scored. One seed (issue 14: one 30-step
+    # seed where nobody could score alone) or two scoring seeds of three are not informative, whatever the solo
+    # scores; min_seeds lowers the bar explicitly.
+    assert audit.solo_verdict([[0], [0]], [4]) == "not_informative"
+    assert audit.solo_verdict([[0, 1, 0], [0, 0, 0]], [2, 0, 1]) == "not_informative"
+    assert audit.solo_scoring_seeds([2, 0, 1, np.nan]) == 2
+    assert audit.solo_verdict([[0, 2], [0, 0]], [3, 3], min_seeds=2) == "solo_solvable"
+    assert audit.solo_verdict([[0, 0], [0, 0]], [3, 1], min_seeds=2) == "needs_partner"
+
+
+def test_handoffs_follow_items_across_counters():
+    def rec(aid, opt, step, target, outcome="success", seed=1):
+        return {"aid": aid, "option": opt, "step": step, "target": target, "outcome": outcome, "seed": seed,
+                "rollout": 0, "round": -1}
+
+    recs = [rec(0, "drop_held", 3, [2, 1]), rec(1, "pick_from_counter", 9, [2, 1]),  # a0 -> a1
+            rec(0, "drop_held", 12, [2, 1]), rec(0, "pick_from_counter", 20, [2, 1]),  # a0 takes its own back
+            rec(1, "pick_from_counter", 25, [4, 1]),  # an item nobody dropped: not counted
+            rec(1, "drop_held", 30, [4, 1], outcome="effect_fail"), rec(0, "pick_from_counter", 31, [4, 1]),
+            rec(1, "drop_held", 40, [5, 1]), rec(0, "pick_from_counter", 44, [5, 1]),  # a1 -> a0
+            rec(1, "drop_held", 3, [2, 1], seed=2), rec(0, "pick_from_counter", 3, [2, 1], seed=2)]  # same step
+    np.testing.assert_array_equal(audit.handoffs(recs, 2), [[1, 1], [1, 0]])
+    assert audit.handoffs([], 2).tolist() == [[0, 0], [0, 0]]
 
 
 def test_rollout_trace_spelling():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxopt_marl import compiled_rollout as cr
-from jaxopt_marl import guards, magrpo, menus, options, rollout
+from jaxopt_marl import guards, magrpo, options, rollout
 from jaxopt_marl import train_step as ts
 from lora import LoRAConfig, split_model
 
@@ -247,8 +247,8 @@ def test_host_loop_parity(cu_padded):
     b = host.collect([31, 32], key)
     assert len(a.traces) == len(b.traces) > 0
     for x, y in zip(a.traces, b.traces):
-        for f in ("rollout", "seed", "step", "aid", "prompt", "menu", "response", "choice", "option", "target",
-                  "outcome"):
+        for f in ("rollout", "seed", "step", "aid", "prompt", "menu", "response", "response_source", "choice",
+                  "option", "target", "outcome"):
             assert x[f] == y[f], (f, x[f], y[f])
         assert x["prompt_ids"] == b.decisions[b.traces.index(y)][2].prompt_ids
         assert abs(x["logp"] - y["logp"]) < 1e-5

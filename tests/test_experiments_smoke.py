@@ -2,18 +2,14 @@
 (every file of the run directory), and bad input failing before any compute with a message naming it."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from experiments import common
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 # config.json keys written before RunConfig held its update hyper-parameters in a MAGRPOConfig.
 OLD_CONFIG_KEYS = ("game", "preset", "seed", "model", "episode_steps", "rounds", "num_rollouts", "temperature",
                    "lora_rank", "learning_rate", "kl_beta", "clip_eps", "epochs", "max_grad_norm", "micro_batch",
@@ -26,18 +22,7 @@ RUN_FILES = ("config.json", "burnin/records.parquet", "burnin/burnin.json", "gua
 
 
 def _cli(*args, timeout=900):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    p = _cli("experiments.overcooked", "--layout", "aa", "--preset", "smoke", "--model", "tiny-random",
-             "--out", str(out))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return out, p.stdout
+    return run_cli(*args, timeout=timeout)
 
 
 def test_smoke_run_writes_every_file(smoke_run):
