@@ -29,8 +29,10 @@ An existing run directory is never overwritten: pass ``--resume`` to continue it
 checkpoint, or ``--force`` to delete it first. ``--resume`` takes the run's original flags: a value that differs
 from its ``config.json`` fails, naming each key with both values, except the keys of :data:`RESUME_MAY_DIFFER`
 (``rounds``, to extend or cut a run, and the evaluation-only settings, since a resumed run evaluates afresh).
-Bad input (unknown preset, game or layout, a model path without weights, a corrupt checkpoint or differing
+Bad input (unknown preset, game or layout, a model path without weights, only corrupt checkpoints or differing
 flags on ``--resume``) fails before any compute with a message naming it (exit status 2 from the command line).
+A corrupt newest checkpoint is named (round and file) and the run resumes from the newest intact one
+(:func:`check_checkpoint`; ``--keep-checkpoints`` main checkpoints are kept, plus ``best/``).
 """
 
 from __future__ import annotations

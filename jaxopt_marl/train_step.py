@@ -82,7 +82,8 @@ def _tick(*_) -> None:
 def progress_bar(bar):
     """Routes the ticks of a ``progress=True`` train step to ``bar`` (anything with ``update(n)``, e.g. a tqdm
     bar; None = drop them) while the block runs. The caller must wait for the programs it starts inside the
-    block (``jax.block_until_ready``) before leaving it, or the later ticks are dropped."""
+    block (``jax.block_until_ready``, then ``jax.effects_barrier()``) before leaving it, or the later ticks are
+    dropped."""
     prev, _PROGRESS["bar"] = _PROGRESS["bar"], bar
     try:
         yield bar

@@ -376,6 +376,8 @@ class Trainer:
                 batch = self.step.prepare(self.base, self.state.adapters, batch)
                 adapters, opt_state, m = jax.block_until_ready(self.step.update(
                     self.base, self.state.adapters, self.state.opt_state, batch, k_upd))
+                if bar is not None:
+                    jax.effects_barrier()  # every tick delivered before the bar closes
             if bar is not None:
                 bar.close()
             m = {key: np.asarray(v) for key, v in m.items()}

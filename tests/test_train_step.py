@@ -490,9 +490,11 @@ def test_progress_ticks_per_micro_batch_leave_the_update_bit_identical():
         bar = _Count()
         with ts.progress_bar(bar):
             batch = jax.block_until_ready(step.prepare(base, adapters, host))
+            jax.effects_barrier()
             assert bar.n == (4 if progress else 0)
             res = jax.block_until_ready(step.update(base, adapters, ts.init_opt_state(step, adapters), batch,
                                                     jax.random.key(0)))
+            jax.effects_barrier()
         assert bar.n == (12 if progress else 0)
         out[progress] = (batch.logp_ref, res)
     with ts.progress_bar(_Count()) as outside:
