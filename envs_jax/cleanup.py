@@ -18,6 +18,9 @@ Declared simplifications (spec §5 "acceptable simplifications" and others):
   * fixed horizon ``max_steps`` (default 150, the target paper's), no stochastic ending;
   * beams of one kind are traced simultaneously (Melting Pot processes shooters one after another): two
     cleaning beams reaching the same dirty cell both stop there; an agent hit by two zaps is removed once.
+    Such a cell is cleaned once and credited (``cleaned``) to one shooter only, the first in a uniformly random
+    order drawn each step, as the engine's one-after-another processing credits the first beam to reach it
+    (``envs_jax.meltingpot.clean_beams``).
 
 State: :class:`CleanupState` (agent positions, facings, alive flags, removal timers, cooldowns, dirt and
 apple grids, per-step records such as ``cleaned``/``zap_hits``/``zapped`` and per-episode totals).
@@ -38,7 +41,8 @@ from envs_jax.meltingpot import (
     BIT_APPLE, BIT_DIRT, BIT_GRASS, BIT_RIVER, BIT_WALL, CODE_APPLE, CODE_DIRT, CODE_FLOOR, CODE_GRASS,
     CODE_RIVER, CODE_WALL, FIRE_CLEAN, STREAM_GAME, MeltingPotEnv, MeltingPotState, agent_phase,
     bounding_box, cell_codes, cells_of, check_num_agents, clean_beams, cooldown_gate, eat_apples, hash_uniform,
-    initial_agent_fields, parse_ascii_map, pick_distinct, respawn_phase, seed_from_key, unique_priority,
+    initial_agent_fields, parse_ascii_map, pick_distinct, random_ranks, respawn_phase, seed_from_key,
+    unique_priority,
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -95,6 +99,9 @@ THRESHOLD_RESTORATION = 0.0  # thresholdRestoration: full growth rate at dirt fr
 # hash_uniform stream ids of this game's draws (see envs_jax.meltingpot).
 _STREAM_GROW, _STREAM_DIRT_COIN, _STREAM_DIRT_CELL, _STREAM_RESET_CELL, _STREAM_RESET_FACING = (
     STREAM_GAME + i for i in range(5))
+# The shooters' processing order for the credit of a dirt cell two beams reach (clean_beams); its own stream,
+# so no other draw changes.
+_STREAM_CLEAN_ORDER = STREAM_GAME + 5
 
 LAYER_NAMES = ("wall", "apple", "dirt", "river", "grass", "self", "other", "other_facing_up",
                "other_facing_right", "other_facing_down", "other_facing_left")
@@ -149,7 +156,8 @@ class CleanupState(MeltingPotState):
         dirt: bool[H, W] dirty river cells.
         clean_cooldown: int32[N] steps before the cleaning beam can fire again (frozen while removed).
         clean_fired: bool[N] the agent's cleaning beam fired this step.
-        cleaned: int32[N] dirt cells this agent's beam cleaned this step.
+        cleaned: int32[N] dirt cells credited to this agent's beam this step (a cell two beams reach counts
+            once, for one shooter: ``clean_beams``), so ``cleaned.sum()`` = dirt cells cleaned this step.
         cleaned_total: int32[N] dirt cells cleaned by this agent this episode.
     """
 
@@ -241,7 +249,8 @@ class Cleanup(MeltingPotEnv):
 
         # 3b. All cleaning beams, from post-move positions; shooters zapped this step still clean.
         fires, clean_timer = cooldown_gate(state.clean_cooldown, actions == FIRE_CLEAN, active, CLEAN_COOLDOWN)
-        dirt, cleaned = clean_beams(fields["pos"], fields["facing"], fires, wall, dirt)
+        order = random_ranks(hash_uniform(seed, (state.pos.shape[0],), _STREAM_CLEAN_ORDER))
+        dirt, cleaned = clean_beams(fields["pos"], fields["facing"], fires, wall, dirt, order)
 
         # 4. Respawns.
         ate = ate_standing.astype(jnp.int32) + ate_moving.astype(jnp.int32)

@@ -409,26 +409,47 @@ def zap_beams(
 
 
 def clean_beams(
-    pos: jax.Array, facing: jax.Array, firing: jax.Array, wall: jax.Array, dirt: jax.Array
+    pos: jax.Array, facing: jax.Array, firing: jax.Array, wall: jax.Array, dirt: jax.Array,
+    order: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """All cleaning beams of one step, traced simultaneously.
 
     Each segment stops at walls / off-map cells and at its first dirty cell, which it cleans; agents,
     water and apples do not block.
 
+    Credit: a dirty cell reached by several segments (of different shooters: one shooter's three segments
+    never share a cell) is cleaned once and credited to exactly one shooter, the first in ``order``. Melting
+    Pot processes the shooters one after another, so there the first beam to reach the cell cleans it and the
+    later ones find it clean (the later beams then pass on through clean water; here, with simultaneous
+    tracing, they stop at the cell: the simplification declared in ``envs_jax.cleanup``). The sum of
+    ``cleaned_by_shooter`` is therefore the number of dirt cells cleaned this step.
+
+    Args:
+        pos: int32[N, 2] (row, col); facing: int32[N]; firing: bool[N] beams fired this step.
+        wall: bool[H, W] blocking cells; dirt: bool[H, W] dirty cells before the beams.
+        order: int32[N] distinct ranks, 0 = processed first (the shooter credited on a shared cell);
+            None = agent index order (agent 0 first).
+
     Returns:
-        ``(dirt bool[H, W] after cleaning, cleaned_by_shooter int32[N])``.
+        ``(dirt bool[H, W] after cleaning, cleaned_by_shooter int32[N])``: dirt cells credited to each shooter
+        (0..3, one per segment at most).
     """
     h, w = dirt.shape
+    n = pos.shape[0]
     cells = beam_cells(pos, facing)  # [N, 3, 3, 2]
     seen = gather_cells(wall.astype(jnp.int8) | (dirt.astype(jnp.int8) << 1), cells, 1)  # bit 0 wall, 1 dirt
     dirty = seen >= 2
     cleaned = segment_reach(seen > 0) & dirty & firing[:, None, None]  # at most one cell per segment
     # Flat index of the cell each segment cleans (h * w = none), then one 3N-element scatter.
     flat = jnp.sum(jnp.where(cleaned, cells[..., 0] * w + cells[..., 1], 0), axis=-1)
-    flat = jnp.where(jnp.any(cleaned, axis=-1), flat, h * w).reshape(-1)
+    flat = jnp.where(jnp.any(cleaned, axis=-1), flat, h * w).reshape(-1)  # [3N], segment k = shooter k // 3
     new_dirt = dirt.reshape(-1).at[flat].set(False, mode="drop").reshape(h, w)
-    return new_dirt, jnp.sum(cleaned, axis=(1, 2)).astype(jnp.int32)
+    # One credit per cell: segment k keeps its cell unless a segment of an earlier shooter cleans the same one.
+    rank = jnp.arange(n, dtype=jnp.int32) if order is None else jnp.asarray(order, jnp.int32)
+    seg_rank = jnp.repeat(rank, 3)  # [3N]
+    earlier = (flat[None, :] == flat[:, None]) & (seg_rank[None, :] < seg_rank[:, None])  # [k, j]: j beats k
+    credited = (flat < h * w) & ~jnp.any(earlier, axis=1)
+    return new_dirt, jnp.sum(credited.reshape(n, 3), axis=1).astype(jnp.int32)
 
 
 def cooldown_gate(

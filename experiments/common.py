@@ -33,10 +33,12 @@ checkpoint, or ``--force`` to delete it first. ``--resume`` takes the run's orig
 from its ``config.json`` fails, naming each key with both values, except the keys of :data:`RESUME_MAY_DIFFER`
 (``rounds``, to extend or cut a run, and the evaluation-only settings, since a resumed run evaluates afresh).
 Bad input (a bad flag value, unknown preset, game or layout, a model path without weights, a truncated or
-mismatched GGUF file, an unusable ``--out``, a corrupt checkpoint, ``guards.jsonl`` or differing flags on
+mismatched GGUF file, an unusable ``--out``, only corrupt checkpoints, a corrupt ``guards.jsonl`` or differing flags on
 ``--resume``) fails before any compute, and before the run directory is written, with one line ``error: ...``
 naming the file or value and the cause, and exit status 2 from the command line (``--debug``: the traceback too;
 :mod:`experiments.cli`).
+A corrupt newest checkpoint is named (round and file) and the run resumes from the newest intact one
+(:func:`check_checkpoint`; ``--keep-checkpoints`` main checkpoints are kept, plus ``best/``).
 """
 
 from __future__ import annotations
@@ -131,8 +133,9 @@ class RunConfig:
     eval_episodes: int = PAPER_EVAL_EPISODES
     # Also evaluate the frozen base (adapters off) on the same menu.
     eval_base: bool = True
-    # Skip the update of rounds whose returns have no spread (all advantages 0; saves CPU time).
-    skip_zero_advantage: bool = False
+    # Skip the update of rounds whose returns have no spread (all advantages 0): zero advantage is then exactly
+    # zero update (every preset; jaxopt_marl.trainer.TrainConfig says why). False = update anyway (ablations).
+    skip_zero_advantage: bool = True
     # Adapters evaluated: "best" = highest training-time team return (paper §6.1 checkpoint rule, ``best/``),
     # "final" = the adapters after the last round.
     eval_checkpoint: str = "best"
@@ -272,6 +275,9 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
     ap.add_argument("--eval-checkpoint", default=None,
                     help="adapters to evaluate: best (highest training-time team return, paper §6.1; default) | "
                          "final (after the last round)")
+    ap.add_argument("--keep-checkpoints", type=int, default=2,
+                    help="main checkpoints kept on disk (>= 1, default 2; best/ holds one more); a corrupt newest "
+                         "checkpoint falls back to the previous one on --resume")
     ap.add_argument("--solo-episodes", type=int, default=None,
                     help="solo test (paper §6.4) on this many evaluation seeds; 0 = skip (default: the preset's)")
     ap.add_argument("--chunking", default=None,
@@ -359,31 +365,52 @@ def check_out_dir(out: Path) -> None:
         raise InputError(f"--out {out} cannot be created: {parent} is not writable")
 
 
-def check_checkpoint(run_dir: Path) -> int | None:
-    """The last complete checkpoint's round of ``run_dir`` (None if none), or InputError if it is unreadable."""
+def check_checkpoint(run_dir: Path, warn=None) -> int | None:
+    """The newest intact checkpoint of ``run_dir`` (its step = completed rounds; None if there is none), found
+    before any compute; InputError if every checkpoint is corrupt.
+
+    A step is intact here if its files match its ``checksums.json`` (:func:`lora.checkpoint.verify`), its meta
+    holds the round number and its adapters and opt_state exist. Each corrupt step, newest first, is reported
+    through ``warn`` (default: a ``warning: ...`` line on stderr) naming the step, the round and the file; the
+    trainer's restore then falls back to the same step (:meth:`jaxopt_marl.trainer.Trainer.restore`).
+    """
+    from lora import checkpoint as ckpt
+
+    warn = warn or (lambda m: print(f"warning: {m}", file=sys.stderr))
     ck = run_dir / "checkpoints"
     if not ck.exists():
         return None
-    steps = sorted(int(d.name) for d in ck.iterdir() if d.is_dir() and d.name.isdigit())
+    steps = sorted((int(d.name) for d in ck.iterdir() if d.is_dir() and d.name.isdigit()), reverse=True)
     if not steps:
         return None
-    last = ck / str(steps[-1])
-    meta = last / "meta"
-    try:
-        files = list(meta.rglob("*")) if meta.exists() else []
-        data = [json.loads(f.read_text()) for f in files if f.is_file() and f.suffix in ("", ".json")
-                and f.stat().st_size < 1 << 20]
-        if not any(isinstance(d, dict) and "round" in d for d in data):
-            raise ValueError("no readable meta with the round number")
-        if not (last / "adapters").exists() or not (last / "opt_state").exists():
-            raise ValueError("adapters or opt_state missing")
-    except (ValueError, OSError, UnicodeDecodeError) as e:
-        raise InputError(f"checkpoint {last} is corrupt: {e}") from None
-    return steps[-1]
+    bad = []
+    for step in steps:
+        last = ck / str(step)
+        meta = last / "meta"
+        try:
+            problem = ckpt.verify(last)
+            if problem is not None:
+                raise ValueError(problem)
+            files = list(meta.rglob("*")) if meta.exists() else []
+            data = [json.loads(f.read_text()) for f in files if f.is_file() and f.suffix in ("", ".json")
+                    and f.stat().st_size < 1 << 20]
+            if not any(isinstance(d, dict) and "round" in d for d in data):
+                raise ValueError(f"{meta}: no readable meta with the round number")
+            if not (last / "adapters").exists() or not (last / "opt_state").exists():
+                raise ValueError(f"{last}: adapters or opt_state missing")
+        except (ValueError, OSError, UnicodeDecodeError) as e:
+            bad.append(f"checkpoint {last} is corrupt: {e}")
+            older = [s for s in steps if s < step]
+            warn(f"checkpoint {step} (after round {step - 1}) is corrupt: {e}; "
+                 + (f"trying checkpoint {older[0]}" if older else "no older checkpoint is left"))
+            continue
+        return step
+    raise InputError("; ".join(bad) + f"; no intact checkpoint in {ck} to resume from (use --force to start over)")
 
 
-def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool, force: bool) -> int | None:
-    """Validates ``out`` against ``--resume`` / ``--force`` (before any compute); returns the checkpoint round."""
+def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool, force: bool, warn=None) -> int | None:
+    """Validates ``out`` against ``--resume`` / ``--force`` (before any compute); returns the checkpoint round
+    (the newest intact one; ``warn`` receives a line per corrupt newer one, :func:`check_checkpoint`)."""
     exists = out.exists() and any(out.iterdir())
     if resume and force:
         raise InputError("--resume and --force exclude each other")
@@ -402,7 +429,7 @@ def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool, force: bool) -> int
         if old.get("game") != cfg.game:
             raise InputError(f"--resume: {out} is a {old.get('game')} run, not {cfg.game}")
         check_resume_config(old, cfg, conf)
-        return check_checkpoint(out)
+        return check_checkpoint(out, warn)
     if exists:
         if not force:
             raise InputError(f"run directory {out} exists; pass --resume to continue it or --force to overwrite it")
@@ -619,7 +646,8 @@ def write_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: d
                     text = (run_dir / "report.md").read_text()
                     if "Reduced budget" not in text:
                         (run_dir / "report.md").write_text(
-                            f"> **Reduced budget (preset `{cfg.preset}`)** — not the paper's §6.1 budget.\n\n" + text)
+                            f"> **Reduced budget (preset `{cfg.preset}`)** — not the paper's §6.1 budget.\n\n"
+                            + text)
                 return "jaxopt_marl.report"
         except Exception as e:  # the report module is written in parallel; never lose a finished run to it
             print(f"warning: jaxopt_marl.report.write_report failed ({type(e).__name__}: {e}); "
@@ -629,18 +657,31 @@ def write_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: d
 
 
 def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bool = False,
-        progress: bool = True) -> Path:
-    """Runs the whole pipeline into ``out``; returns the run directory."""
+        progress: bool = True, keep_checkpoints: int = 2) -> Path:
+    """Runs the whole pipeline into ``out``; returns the run directory.
+
+    ``keep_checkpoints``: main checkpoints kept on disk (>= 1; ``best/`` holds one more); a disk setting, not a
+    hyper-parameter, so it is not part of :class:`RunConfig` / ``config.json`` and may change on ``--resume``.
+    """
     t_start = time.perf_counter()
     out = Path(out or f"runs/{cfg.game}-{cfg.preset}-s{cfg.seed}")
     # 0. Every check that needs no compute.
     check_out_dir(out)
+    if keep_checkpoints < 1:
+        raise InputError(f"--keep-checkpoints must be >= 1, got {keep_checkpoints}")
     check_model(cfg.model)
     if resume:
         check_resume_guards(out)  # before check_library, which imports the games (seconds)
     check_library(cfg.game)
     check_stats()
-    ckpt_round = prepare_run_dir(cfg, out, resume, force)
+    warned: set[str] = set()  # each corrupt-checkpoint line once (the check here, then the trainer's restore)
+
+    def warn(msg: str) -> None:
+        if msg not in warned:
+            warned.add(msg)
+            print(f"warning: {msg}", file=sys.stderr)
+
+    ckpt_round = prepare_run_dir(cfg, out, resume, force, warn)
 
     import jax
     import numpy as np
@@ -741,10 +782,12 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
         raise InputError(str(e)) from None
     policy = roller.policy
     tr = trainer.Trainer(out, roller, mcfg, trainer.TrainConfig(rounds=cfg.rounds, seed=cfg.seed,
-                                                                skip_zero_advantage=cfg.skip_zero_advantage))
+                                                                skip_zero_advantage=cfg.skip_zero_advantage,
+                                                                keep_checkpoints=keep_checkpoints,
+                                                                update_progress=progress))
     if resume:
         try:
-            done = tr.restore()
+            done = tr.restore(warn)
         except ValueError as e:
             raise InputError(str(e)) from None
         print(f"restored {done} completed rounds")
@@ -870,4 +913,5 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
     if args.resume and args.force:
         raise InputError("--resume and --force exclude each other")
     cfg = config_from_args(game, args)
-    return run(cfg, Path(args.out) if args.out else None, resume=args.resume, force=args.force)
+    return run(cfg, Path(args.out) if args.out else None, resume=args.resume, force=args.force,
+               keep_checkpoints=args.keep_checkpoints)

@@ -532,7 +532,8 @@ class CompiledRoller:
         ``len(seeds)`` need not be K: the seeds are played in batches of K (the last one padded with repeats of
         its last seed, whose results are dropped); every episode's draws come from its own seed's keys, so the
         batching does not change any episode. ``adapters``/``base`` default to the model's current values.
-        ``active`` is bool[N] (the same agents in every episode) or bool[len(seeds), N].
+        ``active`` is bool[N] (the same agents in every episode) or bool[len(seeds), N]. ``progress``: a tqdm bar
+        (``desc``) ticking once per compiled call of K episodes.
 
         Returns:
             :class:`jaxopt_marl.rollout.RolloutResult` with host traces and trajectories; its ``device`` holds
@@ -552,7 +553,13 @@ class CompiledRoller:
         if act.shape != (len(seeds), self.n):
             raise ValueError(f"active must be bool[{self.n}] or bool[{len(seeds)}, {self.n}], got {act.shape}")
         outs, batches = [], []
-        for j in range(0, len(seeds), self.batch):
+        starts = range(0, len(seeds), self.batch)
+        bar = None
+        if progress:  # one tick per compiled call of K episodes (a call is one program: no finer progress)
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(starts), desc=desc, unit=f"call of {self.batch} episodes", leave=False)
+        for j in starts:
             ss = seeds[j:j + self.batch]
             aa = act[j:j + self.batch]
             pad = self.batch - len(ss)
@@ -560,6 +567,11 @@ class CompiledRoller:
             aa = np.concatenate([aa, np.repeat(aa[-1:], pad, 0)]) if pad else aa
             outs.append(self.run(adapters, base, ss, key, reference, aa))
             batches.append(len(ss) - pad)
+            if bar is not None:
+                jax.block_until_ready(outs[-1])
+                bar.update(1)
+        if bar is not None:
+            bar.close()
         host = [jax.device_get(o) for o in outs]
         seconds = time.perf_counter() - t0
         return self._result(host, batches, outs, seeds, round_idx, reference, seconds)

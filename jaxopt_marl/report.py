@@ -839,6 +839,18 @@ def section_episode(run_dir: Path, ev: artifacts.EvalRecord | None) -> list[str]
 # ---------------------------------------------------------------------------------------------------------
 
 
+def run_size_line(run_dir: Path) -> str:
+    """One line: the bytes under ``run_dir`` (all files, as the report is written; MB = 10^6 bytes), with the
+    checkpoint folders' share (``checkpoints/`` bounded by ``--keep-checkpoints``, ``best/`` one step)."""
+    def size(d: Path) -> int:
+        return sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) if d.is_dir() else 0
+
+    parts = [f"`{name}/` {size(run_dir / name) / 1e6:.1f} MB"
+             for name in ("checkpoints", "best", "checkpoints.corrupt") if (run_dir / name).is_dir()]
+    return (f"**Run folder size**: {size(run_dir) / 1e6:.1f} MB on disk"
+            + (f" ({', '.join(parts)})" if parts else "") + " when this report was written.")
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Writes ``run_dir/report.md`` (and ``run_dir/figures/*.png``) from the run's files.
 
@@ -887,7 +899,7 @@ def write_report(run_dir: str | Path) -> Path:
 
     n_agents = traj.trained.shape[2] if traj is not None else (
         cfg["num_agents"] if isinstance(cfg.get("num_agents"), int) else None)
-    lines = section_header(cfg, run_dir) + [""]
+    lines = section_header(cfg, run_dir) + ["", run_size_line(run_dir), ""]
     lines += section_training(rows, run_dir, _units(game)) + [""]
     lines += section_eval(ev, ev_why, game) + [""]
     lines += ["## Behavioural audits", ""]

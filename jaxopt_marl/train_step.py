@@ -35,6 +35,15 @@ Design choices:
   same up to rounding); each chunk must also split evenly over the devices. A chunk of padding rows
   only is skipped (``lax.cond``), so a decision count rounded up to a coarse bucket -- fewer distinct
   shapes, fewer compiles -- costs no extra forward or backward.
+- *Progress.* ``make_train_step(..., progress=True)`` compiles one host tick per micro-batch into ``prepare``'s
+  scoring and ``update``'s accumulation (:func:`jax.debug.callback`, after the micro-batch's outputs exist);
+  the host counts the ticks into the tqdm bar of :func:`progress_bar` (nothing when none is open). The update
+  is one program (epochs and minibatches are scanned), so a host loop could only tick per call, and the CPU
+  preset's update is one epoch of one minibatch: per-micro-batch ticks are the only granularity that shows
+  progress there. A tick reads nothing the update computes with and returns nothing, so the numerics are
+  unchanged (tested bit for bit against ``progress=False``); it costs one host call per micro-batch. Programs
+  with host callbacks are never written to JAX's persistent compilation cache, so such an update recompiles
+  in every new process; ``progress=False`` (the default: benchmarks, tests) compiles none.
 - *Token layout.* Each decision is one row ``[prompt, left-padded | response, right-padded]`` of
   ``tokens: int32[D, T]``; the response occupies the last ``response_len`` columns, so only those
   columns go through the vocabulary head (:func:`lora.sampling.continuation_logprobs`).
@@ -42,6 +51,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, NamedTuple, Sequence
 
 import flax.struct
@@ -57,6 +67,43 @@ from lora.model import Decoder, KVCache
 
 # Mesh axis over decisions.
 DATA_AXIS = "data"
+# The open progress bar of :func:`progress_bar` (None: ticks are dropped).
+_PROGRESS: dict[str, Any] = {"bar": None}
+
+
+def _tick(*_) -> None:
+    """Host side of one micro-batch tick (``jax.debug.callback``): advances the open bar by one."""
+    bar = _PROGRESS["bar"]
+    if bar is not None:
+        bar.update(1)
+
+
+@contextlib.contextmanager
+def progress_bar(bar):
+    """Routes the ticks of a ``progress=True`` train step to ``bar`` (anything with ``update(n)``, e.g. a tqdm
+    bar; None = drop them) while the block runs. The caller must wait for the programs it starts inside the
+    block (``jax.block_until_ready``, then ``jax.effects_barrier()``) before leaving it, or the later ticks are
+    dropped."""
+    prev, _PROGRESS["bar"] = _PROGRESS["bar"], bar
+    try:
+        yield bar
+    finally:
+        _PROGRESS["bar"] = prev
+
+
+def micro_batch_size(config: magrpo.MAGRPOConfig, size: int) -> int:
+    """Rows per forward/backward chunk of a ``size``-row (mini)batch: ``config.micro_batch`` when it is in
+    1..size-1, else the whole batch."""
+    return config.micro_batch if 0 < config.micro_batch < size else size
+
+
+def progress_ticks(config: magrpo.MAGRPOConfig, num_decisions: int) -> tuple[int, int]:
+    """``(prepare, update)``: the ticks a ``progress=True`` train step emits for a batch of ``num_decisions``
+    rows (D, padding included): one per scored micro-batch in ``prepare``, and epochs x minibatches x
+    micro-batches per minibatch in ``update``."""
+    mb = num_decisions // config.num_minibatches
+    return (num_decisions // micro_batch_size(config, num_decisions),
+            config.epochs * config.num_minibatches * (mb // micro_batch_size(config, mb)))
 # Adapter leaves are [..., N, in, R] (lora_a) and [..., N, R, out] (lora_b) (lora.params.init_adapters):
 # the agent axis is the third from the end.
 AGENT_AXIS_FROM_END = 3
@@ -391,7 +438,7 @@ class TrainStep(NamedTuple):
 
 
 def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: Mesh, *,
-                    num_adapters: int, donate: bool = False) -> TrainStep:
+                    num_adapters: int, donate: bool = False, progress: bool = False) -> TrainStep:
     """Builds the jitted, sharded scoring and update functions for one model and configuration.
 
     Args:
@@ -401,6 +448,8 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
         num_adapters: N adapters stacked in the model (1 for ``config.shared_adapter``).
         donate: donate the adapter and optimizer buffers to ``update`` (callers must then not reuse
             the arguments).
+        progress: compile one host tick per micro-batch into ``prepare`` and ``update`` (module docstring;
+            counted by :func:`progress_bar`, :func:`progress_ticks` per call).
 
     Returns:
         :class:`TrainStep`.
@@ -423,8 +472,13 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
         agent_ids = np.asarray(agent_ids, np.int32)
         return np.zeros_like(agent_ids) if config.shared_adapter else agent_ids
 
+    def tick(*deps):
+        """One progress tick once ``deps`` (a micro-batch's outputs) are computed; nothing if not ``progress``."""
+        if progress:
+            jax.debug.callback(_tick, *deps)
+
     def micro_of(size):
-        micro = config.micro_batch if 0 < config.micro_batch < size else size
+        micro = micro_batch_size(config, size)
         if size % micro:
             raise ValueError(f"{size} decisions do not split into micro-batches of {micro}")
         return micro
@@ -457,8 +511,10 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
                         for a in ids]
 
             # A micro-batch of padding rows only (a bucketed decision count) costs no forward.
-            return jax.lax.cond(chunk.valid.any(), run, lambda _: [jnp.zeros(a.shape, jnp.float32) for a in ids],
-                                None)
+            out = jax.lax.cond(chunk.valid.any(), run, lambda _: [jnp.zeros(a.shape, jnp.float32) for a in ids],
+                               None)
+            tick(out[0][0])
+            return out
 
         ids = [x.reshape(-1, micro) for x in id_sets]
         out = jax.lax.map(one, (chunked(batch, micro), ids))
@@ -537,6 +593,7 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
             g_sum, kv_sum, m_acc = carry
             g, g_kv, m, live = jax.lax.cond(
                 chunk.valid.any(), lambda c: grads_and_metrics(base, adapters, kv, c, first, counts), skipped, chunk)
+            tick(m["count"][0])
             g_sum = jax.tree.map(jnp.add, g_sum, g)
             kv_sum = jax.tree.map(jnp.add, kv_sum, g_kv)
             m_acc = {k: (jnp.minimum if k == "ratio_min" else

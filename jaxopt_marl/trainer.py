@@ -24,12 +24,19 @@ The main checkpoint's meta also carries ``best_round`` / ``best_return``, the be
 Determinism and resume: every random draw of round ``r`` comes from ``fold_in(PRNGKey(seed), r)`` (rollout
 keys, env seeds, update key), and the state carried between rounds is exactly what the checkpoint holds
 (adapters, optimizer state). A run stopped after round r and resumed with ``resume=True`` therefore ends with
-the same adapters as an uninterrupted run (tested bit for bit).
+the same adapters as an uninterrupted run (tested bit for bit). ``checkpoints/`` keeps the newest
+``TrainConfig.keep_checkpoints`` steps (default 2; ``best/`` one more). A newest checkpoint damaged on disk
+(checked against the checksums :mod:`lora.checkpoint` writes, or failing to load) is named with its round and
+file, and :meth:`Trainer.restore` resumes from the newest intact one, replaying the rounds in between -- exact
+for the same reason.
+
+Zero advantage: a round whose advantages are all 0 runs no update in every preset (``TrainConfig``).
 
 Metrics (one JSON line per round):
     ``round``; ``train/return_mean``, ``train/return_std``, ``train/return_min``, ``train/return_max``,
     ``train/returns`` (per rollout), ``train/decisions``, ``train/parse_fail_rate``, ``train/parse`` (counts by
-    reason), ``train/outcome_success_rate``, ``train/adv_zero`` (the cohort had no spread), ``train/updated``;
+    reason), ``train/outcome_success_rate``, ``train/adv_zero`` (the cohort had no spread: no update,
+    :class:`TrainConfig`), ``train/updated``;
     update metrics averaged over optimizer steps and agents with decisions: ``train/loss``, ``train/pg_loss``,
     ``train/kl``, ``train/clip_frac``, ``train/ratio_mean``, ``train/grad_norm``; ``perf/decisions_per_s``
     (rollout decisions per rollout second), ``perf/rollout_s``, ``perf/llm_s``, ``perf/update_s``,
@@ -41,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -83,11 +91,24 @@ class TrainConfig:
     rounds: int = 1
     # Run seed (rollout seeds, sampling, update keys).
     seed: int = 0
-    # Skip the update when every advantage is 0 (no return spread): the PPO term is then 0, only the KL
-    # pull toward the reference would act. A compute saver for CPU budgets; False = always update.
-    skip_zero_advantage: bool = False
-    # Checkpoints kept on disk.
+    # Zero advantage = exactly zero update (every preset): a round whose advantages are all 0 (no return spread)
+    # runs no update, so adapters and optimizer state (Adam moments and step count) stay bit-identical. With
+    # an update the PPO term is 0 but the KL term is not: at fresh adapters theta_old (the update's own
+    # forward) and the reference (``prepare``'s program) differ by float rounding only (KL ~1e-13, gradient
+    # ~1e-7), and Adam rescales that noise into a step of ~1x the learning rate. False = always update (the
+    # KL pull alone acts; kept for ablations, not used by any preset).
+    skip_zero_advantage: bool = True
+    # Main checkpoints (``checkpoints/<step>``) kept on disk, >= 1; ``best/`` holds one more. A corrupt newest
+    # checkpoint can only fall back to an older one that is still kept (:meth:`Trainer.restore`).
     keep_checkpoints: int = 2
+    # Per-micro-batch progress of the update: a train step built here compiles host ticks into ``prepare`` and
+    # ``update`` (:mod:`jaxopt_marl.train_step`, "Progress": numerics unchanged, but such programs are not
+    # persisted by JAX's compilation cache), shown as a tqdm bar by ``run_round(progress=True)``.
+    update_progress: bool = False
+
+    def __post_init__(self):
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
 
 
 @dataclasses.dataclass
@@ -132,7 +153,8 @@ class Trainer:
         self.graphdef, adapters, self.base = split_model(self.policy.model)
         n_adapters = 1 if self.policy.cfg.shared_adapter else roller.n
         # ``step``: reuse compiled functions of an earlier trainer with the same model and config.
-        self.step = step or ts.make_train_step(self.graphdef, mcfg, ts.make_mesh(1), num_adapters=n_adapters)
+        self.step = step or ts.make_train_step(self.graphdef, mcfg, ts.make_mesh(1), num_adapters=n_adapters,
+                                               progress=tcfg.update_progress)
         self.state = TrainState(adapters=adapters, opt_state=ts.init_opt_state(self.step, adapters), round=0)
         self.manager = ckpt.make_manager(str(self.run_dir / "checkpoints"), max_to_keep=tcfg.keep_checkpoints)
         # Checkpoint rule: the adapters with the highest training-time team return (module docstring).
@@ -144,21 +166,61 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------------------
 
-    def restore(self) -> int:
-        """Loads the last complete checkpoint; returns the number of completed rounds (0 if none).
+    def restore(self, warn: Callable[[str], None] | None = None) -> int:
+        """Loads the newest intact checkpoint; returns the number of completed rounds (0 if none).
+
+        Checkpoint ``s`` (orbax step ``s``) holds the state after round ``s - 1``, i.e. ``s`` completed rounds.
+        The steps are tried newest first: a step whose files differ from its ``checksums.json``
+        (:func:`lora.checkpoint.verify`, e.g. a truncated file) or whose restore raises is reported through
+        ``warn`` in one line naming the step, the round and the file (or orbax's first message line), and the
+        next older step is tried. Steps newer than the one restored are then moved out of ``checkpoints/`` into
+        ``checkpoints.corrupt/<step>`` (replacing an earlier copy of that step there) so the replayed rounds can
+        write them again; the replay is exact (module docstring), so the run ends as an uninterrupted one would.
+        How far back this can go is bounded by ``TrainConfig.keep_checkpoints``.
+
+        Args:
+            warn: receives each one-line message (default: ``logging.warning`` of this module).
 
         Raises:
-            ValueError: the checkpoint exists but cannot be read (message names the directory).
+            ValueError: no step can be restored (one line per step: its directory and what is wrong).
         """
-        step = self.manager.latest_step()
-        if step is None:
+        warn = warn or log.warning
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if not steps:
             return 0
-        try:
-            adapters, opt_state, meta = ckpt.restore(self.manager, self.state.adapters, self.state.opt_state, step)
-        except Exception as e:  # orbax raises many types on corrupt data
-            raise ValueError(f"{self.run_dir / 'checkpoints'}: checkpoint {step} is corrupt or incompatible "
-                             f"({type(e).__name__}: {e})") from e
-        self.state = TrainState(adapters=adapters, opt_state=opt_state, round=int(meta.get("round", step)))
+        bad: list[tuple[int, str]] = []
+        restored = None
+        for step in steps:
+            where = ckpt.step_dir(self.manager, step)
+            problem = ckpt.verify(where)
+            if problem is None:
+                try:
+                    adapters, opt_state, meta = ckpt.restore(self.manager, self.state.adapters,
+                                                             self.state.opt_state, step)
+                    restored = step
+                    break
+                except Exception as e:  # orbax / TensorStore raise many types on corrupt data
+                    problem = f"{where} cannot be read ({ckpt.describe_error(e)})"
+            bad.append((step, problem))
+            older = [s for s in steps if s < step]
+            warn(f"checkpoint {step} (after round {step - 1}) is corrupt: {problem}; "
+                 + (f"trying checkpoint {older[0]}" if older else "no older checkpoint is left"))
+        if restored is None:
+            raise ValueError(f"{self.run_dir / 'checkpoints'}: no intact checkpoint to resume from ("
+                             + "; ".join(f"checkpoint {s} is corrupt: {p}" for s, p in bad)
+                             + "); start the run again with --force")
+        if bad:
+            aside = self.run_dir / "checkpoints.corrupt"
+            aside.mkdir(exist_ok=True)
+            for step, _ in bad:
+                dst = aside / str(step)
+                if dst.exists():
+                    shutil.rmtree(dst)
+                shutil.move(str(ckpt.step_dir(self.manager, step)), str(dst))
+            self.manager.reload()
+            warn(f"resuming from checkpoint {restored} (after round {restored - 1}): rounds {restored}.."
+                 f"{bad[0][0] - 1} are played again; the corrupt checkpoint(s) were moved to {aside}")
+        self.state = TrainState(adapters=adapters, opt_state=opt_state, round=int(meta.get("round", restored)))
         self.policy.set_adapters(adapters)
         # Metrics of rounds after the checkpoint belong to the interrupted attempt.
         rows = [m for m in read_metrics(self.metrics_path) if m["round"] < self.state.round]
@@ -181,7 +243,7 @@ class Trainer:
             return {**meta, "round": int(meta.get("round", step)), "train_return": float(meta["train_return"])}
         except Exception as e:  # orbax raises many types on corrupt data
             raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible "
-                             f"({type(e).__name__}: {e})") from e
+                             f"({ckpt.describe_error(e)})") from e
 
     def _restore_best(self, meta: dict) -> tuple[int, float] | None:
         """The best-so-far after a restore, from ``best/`` checked against the main checkpoint's meta.
@@ -211,7 +273,13 @@ class Trainer:
 
     def save_best(self, round_idx: int, train_return: float, adapters, opt_state) -> None:
         """Writes ``best/`` (atomically, replacing the previous best): the adapters that played round
-        ``round_idx``'s rollouts and their mean training team return (apples / deliveries)."""
+        ``round_idx``'s rollouts and their mean training team return (apples / deliveries).
+
+        A ``best/`` step at or after ``round_idx`` can only come from an abandoned attempt (a resume that fell back
+        to an older checkpoint replays those rounds); it is deleted first, since orbax silently skips a save
+        whose step is not newer than its latest."""
+        for stale in [s for s in self.best_manager.all_steps() if s >= round_idx]:
+            self.best_manager.delete(stale)
         ckpt.save(self.best_manager, round_idx, adapters, opt_state,
                   meta={"round": int(round_idx), "train_return": float(train_return), "seed": self.tcfg.seed,
                         "rule": "highest training-time team return (paper §6.1)"})
@@ -232,11 +300,14 @@ class Trainer:
         if step is None:
             return None
         template = jax.tree.map(jnp.copy, self.state.adapters)
+        problem = ckpt.verify(ckpt.step_dir(self.best_manager, step))
+        if problem is not None:
+            raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt: {problem}")
         try:
             adapters, _, meta = ckpt.restore(self.best_manager, template, self.state.opt_state, step)
         except Exception as e:  # orbax raises many types on corrupt data
             raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible "
-                             f"({type(e).__name__}: {e})") from e
+                             f"({ckpt.describe_error(e)})") from e
         return adapters, int(meta.get("round", step)), float(meta["train_return"])
 
     def save(self) -> None:
@@ -294,9 +365,21 @@ class Trainer:
         updated = res.num_decisions > 0 and not (zero and self.tcfg.skip_zero_advantage)
         if updated:
             batch = self.pack(res, adv)
-            batch = self.step.prepare(self.base, self.state.adapters, batch)
-            adapters, opt_state, m = self.step.update(self.base, self.state.adapters, self.state.opt_state,
-                                                      batch, k_upd)
+            bar = None
+            if progress and self.tcfg.update_progress:
+                from tqdm import tqdm
+
+                bar = tqdm(total=sum(ts.progress_ticks(self.mcfg, batch.num_decisions)), leave=False,
+                           unit="micro-batch", desc=f"round {r} update ({batch.num_decisions} rows: reference "
+                                                    f"scoring, then {self.mcfg.epochs} epoch(s))")
+            with ts.progress_bar(bar):
+                batch = self.step.prepare(self.base, self.state.adapters, batch)
+                adapters, opt_state, m = jax.block_until_ready(self.step.update(
+                    self.base, self.state.adapters, self.state.opt_state, batch, k_upd))
+                if bar is not None:
+                    jax.effects_barrier()  # every tick delivered before the bar closes
+            if bar is not None:
+                bar.close()
             m = {key: np.asarray(v) for key, v in m.items()}
             has = m["count"] > 0  # [S, N]
             for key in ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "grad_norm"):

@@ -4,11 +4,22 @@ Only the adapter state (``nnx.LoRAParam`` leaves) and the optax state over it ar
 frozen base is reloaded from its own file. ``CheckpointManager`` writes each step into a temporary
 directory and renames it when complete, so a run killed mid-save leaves the previous step intact and
 ``latest_step()`` never points at a partial checkpoint.
+
+A checkpoint damaged after it was written (a truncated or overwritten file, a disk error) is what the
+rename cannot protect against. :func:`save` therefore also writes ``<step>/checksums.json``: the size and
+SHA-256 of every file of the step, written after orbax has finished (atomically, by rename). :func:`verify`
+compares a step directory against it and names the first file that differs, so a corrupt checkpoint is found
+(and named) without asking TensorStore to read it. A step without ``checksums.json`` (written before this file
+existed, or by a run killed between orbax's rename and the manifest's) cannot be verified this way; a failed
+:func:`restore` of it is summarised in one line by :func:`describe_error`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
@@ -39,6 +50,81 @@ def save(manager: ocp.CheckpointManager, step: int, adapters: nnx.State, opt_sta
       opt_state=ocp.args.StandardSave(opt_state),
       meta=ocp.args.JsonSave(dict(meta or {}, step=int(step)))))
   manager.wait_until_finished()
+  write_checksums(step_dir(manager, step))
+
+
+#: Name of the per-step manifest written by :func:`save` (sizes and SHA-256 of the step's files).
+CHECKSUMS = "checksums.json"
+
+
+def step_dir(manager: ocp.CheckpointManager, step: int) -> Path:
+  """The directory of ``step`` in ``manager`` (orbax's default step naming: the step number)."""
+  return Path(str(manager.directory)) / str(int(step))
+
+
+def _files(directory: Path) -> list[Path]:
+  return sorted(f for f in directory.rglob("*") if f.is_file() and f.name != CHECKSUMS)
+
+
+def _sha256(path: Path) -> str:
+  h = hashlib.sha256()
+  with path.open("rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def write_checksums(directory: Path) -> None:
+  """Writes ``directory/checksums.json``: ``{"files": {relative path: [size in bytes, sha256 hex]}}``."""
+  directory = Path(directory)
+  files = {str(f.relative_to(directory)): [f.stat().st_size, _sha256(f)] for f in _files(directory)}
+  tmp = directory / (CHECKSUMS + ".tmp")
+  tmp.write_text(json.dumps({"files": files}, indent=0) + "\n")
+  tmp.replace(directory / CHECKSUMS)
+
+
+def verify(directory: Path) -> str | None:
+  """Checks a step directory against its ``checksums.json``.
+
+  Args:
+    directory: one step of a checkpoint directory (``.../checkpoints/<step>``).
+
+  Returns:
+    None if every listed file has its recorded size and SHA-256 (or if the step has no ``checksums.json``:
+    nothing to check against), else one line naming the first bad file (its path) and what is wrong: missing,
+    truncated or grown (sizes in bytes), or changed (checksum). An unreadable ``checksums.json`` is reported
+    the same way.
+  """
+  directory = Path(directory)
+  man = directory / CHECKSUMS
+  if not man.exists():
+    return None
+  try:
+    files = json.loads(man.read_text())["files"]
+    items = [(str(k), int(v[0]), str(v[1])) for k, v in files.items()]
+  except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+    return f"{man} is unreadable ({type(e).__name__})"
+  for rel, size, digest in items:
+    f = directory / rel
+    if not f.is_file():
+      return f"{f} is missing"
+    got = f.stat().st_size
+    if got != size:
+      return f"{f} is {'truncated' if got < size else 'longer than written'} ({got} bytes, {size} written)"
+    if _sha256(f) != digest:
+      return f"{f} has changed since it was written (SHA-256 differs)"
+  return None
+
+
+def describe_error(e: BaseException, limit: int = 300) -> str:
+  """One line for an exception raised by orbax / TensorStore on a damaged checkpoint: its type and the first
+  line of its message, cut before TensorStore's spec dump ("See full TensorStore details") and at ``limit``
+  characters."""
+  msg = str(e).split("See full TensorStore details")[0].strip().splitlines()
+  msg = msg[0].strip() if msg else ""
+  if len(msg) > limit:
+    msg = msg[:limit - 3] + "..."
+  return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
 def restore(manager: ocp.CheckpointManager, adapters: nnx.State, opt_state, step: int | None = None):

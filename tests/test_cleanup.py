@@ -232,6 +232,50 @@ def test_clean_not_blocked_by_agent_or_clean_water():
     assert not bool(s.dirt[2, 3]) and bool(s.dirt[1, 3])
 
 
+def _one_dirt_between_two_shooters():
+    """Agents at (3, 1) facing E and (3, 5) facing W on RIVER_MAP with (3, 3) the only dirty cell: both centre
+    segments ((3,2),(3,3),(3,4) and (3,4),(3,3),(3,2)) pass clean water and reach (3, 3) first."""
+    env = Cleanup(ascii_map=RIVER_MAP, num_agents=2)
+    dirt = np.zeros_like(np.asarray(env.dirt_at_reset))
+    dirt[3, 3] = True
+    return env, place(env, [(3, 1), (3, 5)], [E, W], dirt=jnp.asarray(dirt))
+
+
+def test_two_beams_on_one_dirt_cell_credit_one_shooter():
+    """The cell is cleaned once and credited once, to the first shooter in ``order`` (agent index order when
+    none is given): ``cleaned`` is [1, 0] or [0, 1], never [1, 1]."""
+    env, st = _one_dirt_between_two_shooters()
+    wall = jnp.asarray(env.wall)
+    both = jnp.asarray([True, True])
+    for order, want in ((None, [1, 0]), ([0, 1], [1, 0]), ([1, 0], [0, 1])):
+        dirt, cleaned = mp.clean_beams(st.pos, st.facing, both, wall, st.dirt,
+                                       None if order is None else jnp.asarray(order))
+        assert not np.asarray(dirt).any()
+        assert np.asarray(cleaned).tolist() == want
+    # Only one shooter fires: it gets the cell whatever the order.
+    _, cleaned = mp.clean_beams(st.pos, st.facing, jnp.asarray([False, True]), wall, st.dirt, jnp.asarray([0, 1]))
+    assert np.asarray(cleaned).tolist() == [0, 1]
+
+
+def test_step_credits_a_shared_dirt_cell_once_in_random_order():
+    """Through ``step_state``: over 200 step keys the shared cell is always cleaned and credited exactly once,
+    to the shooter first in that step's order (its own stream), and each agent wins some of the draws."""
+    from envs_jax import cleanup as cu
+
+    env, st = _one_dirt_between_two_shooters()
+    keys = jax.random.split(jax.random.PRNGKey(3), 200)
+    out = jax.jit(jax.vmap(env.step_state, in_axes=(0, None, None)))(keys, st, jnp.asarray([CLEAN, CLEAN]))
+    cleaned = np.asarray(out.cleaned)
+    assert not np.asarray(out.dirt).any() and np.asarray(out.clean_fired).all()
+    assert (cleaned.sum(axis=1) == 1).all()
+    first = np.asarray(jax.vmap(lambda k: mp.random_ranks(mp.hash_uniform(
+        mp.seed_from_key(k), (2,), cu._STREAM_CLEAN_ORDER)))(keys))
+    np.testing.assert_array_equal(cleaned, (first == 0).astype(np.int32))
+    assert 50 < cleaned[:, 0].sum() < 150
+    assert np.asarray(env.num_others_who_cleaned(jax.tree.map(lambda x: x[0], out))).tolist() == \
+        ([0, 1] if cleaned[0, 0] else [1, 0])
+
+
 # ------------------------------------------------------------------------------------------------
 # Zap, removal, respawn (spec §1.3)
 # ------------------------------------------------------------------------------------------------

@@ -68,6 +68,9 @@ def test_smoke_run_writes_every_file(smoke_run):
     assert st["mann_whitney"]["alternative"] == "two-sided" and 0.0 <= st["mann_whitney"]["p_value"] <= 1.0
     report = (out / "report.md").read_text()
     assert "Reduced budget" in report and "### Solo test" in report
+    assert "**Run folder size**: " in report and "(`checkpoints/` " in report
+    assert (out / "checkpoints" / "2" / "checksums.json").exists()
+    assert all((d / "checksums.json").exists() for d in (out / "best").iterdir() if d.name.isdigit())
     assert "### Statistics (paper §6.1)" in report and "Mann–Whitney U (two-sided, trained vs frozen_base" in report
 
 
@@ -82,11 +85,24 @@ def test_corrupt_checkpoint_on_resume(smoke_run, tmp_path):
     out, _ = smoke_run
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
-    last = max((d for d in (bad / "checkpoints").iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
-    for f in (last / "meta").rglob("*"):
-        if f.is_file():
-            f.write_text("{not json")
-    with pytest.raises(SystemExit, match=f"checkpoint .*{last.name} is corrupt"):
+    steps = sorted((d for d in (bad / "checkpoints").iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+    assert [d.name for d in steps] == ["1", "2"]  # --keep-checkpoints 2 (the default) of 2 rounds
+    last = steps[-1]
+    meta = [f for f in (last / "meta").rglob("*") if f.is_file()]
+    for f in meta:
+        f.write_text("{not json")
+    # The newest checkpoint is corrupt: named (round and file), and the check falls back to the previous one.
+    said = []
+    assert common.check_checkpoint(bad, warn=said.append) == 1
+    assert len(said) == 1 and said[0].startswith("checkpoint 2 (after round 1) is corrupt: ")
+    assert any(f"is corrupt: {f} is " in said[0] for f in meta)  # truncated: "{not json" is shorter
+    assert said[0].endswith("; trying checkpoint 1")
+    # Every checkpoint corrupt: one error line naming each, before any compute.
+    big = max((f for f in (steps[0] / "adapters").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    with big.open("r+b") as fh:
+        fh.truncate(1)
+    with pytest.raises(SystemExit, match=f"checkpoint .*{last.name} is corrupt.*checkpoint .*1 is corrupt: {big} "
+                                         f"is truncated.*no intact checkpoint"):
         common.main(None, ["--layout", "aa", "--preset", "smoke", "--model", "tiny-random", "--out", str(bad),
                            "--resume"])
 
@@ -98,6 +114,7 @@ def test_corrupt_checkpoint_on_resume(smoke_run, tmp_path):
     (["--layout", "aa", "--preset", "smoke", "--mode", "beam"], "unknown scoring mode 'beam'"),
     (["--layout", "aa", "--preset", "smoke", "--eval-checkpoint", "last"], "unknown eval checkpoint 'last'"),
     (["--layout", "aa", "--preset", "smoke", "--solo-episodes", "3"], "solo_episodes must be in 0..eval_episodes"),
+    (["--layout", "aa", "--preset", "smoke", "--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1, got 0"),
 ])
 def test_bad_input_fails_before_compute(argv, message, tmp_path):
     with pytest.raises(SystemExit, match=message):
@@ -152,6 +169,8 @@ def test_presets_follow_the_paper():
         common.config_from_args("harvest", args)
     with pytest.raises(SystemExit, match="clip_eps must be in"):
         p.replace(clip_eps=1.5)
+    # Zero advantage is exactly zero update in every preset (no update in rounds without return spread).
+    assert all(common.RunConfig.from_preset(pr, g).skip_zero_advantage for pr in common.PRESETS for g in common.GAMES)
 
 
 def test_resume_reads_old_flat_config(tmp_path):

@@ -288,3 +288,17 @@ def test_trained_vs_base_rows_give_ci_p_and_noise_verdict(tmp_path):
     # One episode each: no CI, noise; undefined (NaN) episodes are dropped first.
     assert report.compare([3.0], [1.0])["verdict"] == report.NOISE
     assert report.compare([np.nan, 5, 6, 5, 6, 5, 6], [0, 1, 0, 1, 0, 1])["trained"]["n"] == 6
+
+
+def test_report_gives_the_run_folder_size(tmp_path):
+    """One line: every byte under the run folder when the report is written (10^6-byte MB), with the checkpoint
+    folders' share."""
+    (tmp_path / "checkpoints" / "1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "1" / "a").write_bytes(b"x" * 1_500_000)
+    (tmp_path / "best" / "0").mkdir(parents=True)
+    (tmp_path / "best" / "0" / "a").write_bytes(b"x" * 300_000)
+    (tmp_path / "burnin.bin").write_bytes(b"x" * 100_000)
+    md = write_report(tmp_path).read_text()
+    line = [x for x in md.splitlines() if x.startswith("**Run folder size**")]
+    assert line == ["**Run folder size**: 1.9 MB on disk (`checkpoints/` 1.5 MB, `best/` 0.3 MB) when this report "
+                    "was written."]

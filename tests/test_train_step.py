@@ -462,3 +462,43 @@ def test_restricted_choice_logprob_is_softmax_over_candidates(three_agents):
         ts.pack_decisions([[1, 2]], [[5]], [0], [0.0], choices=[[3, 4]])
     with pytest.raises(ValueError, match="one-token"):
         ts.pack_decisions([[1, 2]], [[3, 4]], [0], [0.0], choices=[[3, 4]])
+
+
+class _Count:
+    """A stand-in progress bar: counts ``update(n)``."""
+
+    def __init__(self):
+        self.n = 0
+
+    def update(self, k):
+        self.n += k
+
+
+def test_progress_ticks_per_micro_batch_leave_the_update_bit_identical():
+    """``progress=True`` ticks once per micro-batch (padding-only chunks included) in ``prepare`` and in every
+    step of ``update``, and changes nothing it computes: adapters, optimizer state, metrics and log-probs
+    equal ``progress=False``'s bit for bit."""
+    graphdef, adapters, base = split_model(_model(3))
+    adapters = _randomise_b(adapters)
+    cfg = magrpo.MAGRPOConfig.smoke(kl_beta=0.1, epochs=2, micro_batch=4)
+    # 7 decisions padded to 16 rows: micro-batches of 4, the last two of padding only.
+    host = _random_batch([0, 1, 2, 0, 1, 2, 0], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, 1.0], seed=5, pad_to_multiple=16)
+    assert ts.progress_ticks(cfg, host.num_decisions) == (4, 8)
+    out = {}
+    for progress in (False, True):
+        step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3, progress=progress)
+        bar = _Count()
+        with ts.progress_bar(bar):
+            batch = jax.block_until_ready(step.prepare(base, adapters, host))
+            jax.effects_barrier()
+            assert bar.n == (4 if progress else 0)
+            res = jax.block_until_ready(step.update(base, adapters, ts.init_opt_state(step, adapters), batch,
+                                                    jax.random.key(0)))
+            jax.effects_barrier()
+        assert bar.n == (12 if progress else 0)
+        out[progress] = (batch.logp_ref, res)
+    with ts.progress_bar(_Count()) as outside:
+        pass
+    assert outside.n == 0
+    for a, b in zip(jax.tree.leaves(out[False]), jax.tree.leaves(out[True])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

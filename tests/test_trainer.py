@@ -30,9 +30,13 @@ def setup():
     mcfg = magrpo.MAGRPOConfig.smoke(num_rollouts=2, temperature=1.0, kl_beta=0.5)
     shared = {}
 
-    def fresh(run_dir):
+    def fresh(run_dir, **tcfg):
         pol.set_adapters(init)
-        tr = trainer.Trainer(run_dir, roller, mcfg, trainer.TrainConfig(rounds=2, seed=0), step=shared.get("step"))
+        # The tiny 8-step episodes score nothing (no return spread): these trainers update anyway (the ablation
+        # setting skip_zero_advantage=False) so the KL term moves the adapters and resume is checked on real
+        # updates. The default (no update) is test_zero_advantage_leaves_adapters_and_optimizer_unchanged's.
+        tcfg = {"rounds": 2, "seed": 0, "skip_zero_advantage": False, **tcfg}
+        tr = trainer.Trainer(run_dir, roller, mcfg, trainer.TrainConfig(**tcfg), step=shared.get("step"))
         shared["step"] = tr.step
         return tr
 
@@ -67,6 +71,29 @@ def test_resume_equals_uninterrupted(tmp_path, setup):
     assert metrics[1]["train/kl"] > 0
     trace = (tmp_path / "part" / "decisions" / "round_0001.jsonl").read_text().splitlines()
     assert len(trace) == metrics[1]["train/decisions"]
+
+    # A truncated newest checkpoint (2, after round 1): the restore names it and its file, falls back to
+    # checkpoint 1, moves 2 aside, and the replayed round 1 ends bit-identical to the uninterrupted run.
+    ck = tmp_path / "part" / "checkpoints"
+    assert sorted(d.name for d in ck.iterdir() if d.name.isdigit()) == ["1", "2"]
+    big = max((f for f in (ck / "2" / "adapters").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    size = big.stat().st_size
+    with big.open("r+b") as fh:
+        fh.truncate(size // 2)
+    said = []
+    again = fresh(tmp_path / "part")
+    assert again.restore(warn=said.append) == 1
+    assert len(said) == 2, said
+    assert said[0] == (f"checkpoint 2 (after round 1) is corrupt: {big} is truncated ({size // 2} bytes, "
+                       f"{size} written); trying checkpoint 1")
+    assert said[1].startswith("resuming from checkpoint 1 (after round 0): rounds 1..1 are played again")
+    assert (tmp_path / "part" / "checkpoints.corrupt" / "2" / "adapters").is_dir()
+    assert sorted(d.name for d in ck.iterdir() if d.name.isdigit()) == ["1"]
+    again.train()
+    for a, b in zip(ref, _leaves(again.state.adapters)):
+        np.testing.assert_array_equal(a, b)
+    assert [m["round"] for m in trainer.read_metrics(tmp_path / "part" / "metrics.jsonl")] == [0, 1]
+    assert sorted(d.name for d in ck.iterdir() if d.name.isdigit()) == ["1", "2"]
 
     # A corrupt checkpoint is reported with its directory, never silently restarted.
     for f in (tmp_path / "part" / "checkpoints").rglob("*"):
@@ -121,6 +148,9 @@ def test_best_checkpoint_is_the_highest_training_return(tmp_path, scripted):
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(adapters), _leaves(tr.state.adapters)))
     # best/ is an orbax directory with one step; the main checkpoint's meta names the best round.
     assert sorted(d.name for d in (tmp_path / "run" / "best").iterdir() if d.name.isdigit()) == ["1"]
+    # keep_checkpoints (default 2) bounds the disk: checkpoints 2 and 3 of 3 rounds, plus best/.
+    assert tr.tcfg.keep_checkpoints == 2
+    assert sorted(d.name for d in (tmp_path / "run" / "checkpoints").iterdir() if d.name.isdigit()) == ["2", "3"]
     meta = trainer.ckpt.restore(tr.manager, tr.state.adapters, tr.state.opt_state)[2]
     assert (meta["best_round"], meta["best_return"]) == (1, 3.0)
 
@@ -154,3 +184,35 @@ def test_resume_keeps_the_best(tmp_path, scripted):
     assert (rnd, ret) == (1, 3.0)
     for a, b in zip(ref, _leaves(adapters)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_zero_advantage_leaves_adapters_and_optimizer_unchanged(tmp_path, setup, monkeypatch):
+    """A cohort without return spread (every advantage exactly 0) runs no update in every preset: adapters and
+    optimizer state stay bit-identical (an update would still move them: the fixture's non-zero B gives the
+    KL term a gradient, and at fresh adapters Adam rescales float-rounding noise into a full step)."""
+    fresh, init = setup
+    roller = fresh.roller
+    real = roller.collect
+
+    def collect(seeds, key, **kw):
+        res = real(seeds, key, **kw)
+        res.returns = np.full(len(seeds), 0.35, np.float32)
+        return res
+
+    monkeypatch.setattr(roller, "collect", collect)
+    made = fresh(tmp_path / "compiled")  # the shared compiled update; resets the adapters to the fixture's
+    tr = trainer.Trainer(tmp_path / "zero", roller, made.mcfg, trainer.TrainConfig(), step=made.step)
+    ad0, opt0 = _leaves(tr.state.adapters), _leaves(tr.state.opt_state)
+    line = tr.run_round()
+    assert line["train/adv_zero"] is True and line["train/updated"] is False and line["train/decisions"] > 0
+    for a, b in zip(ad0, _leaves(tr.state.adapters)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(ad0, _leaves(split_model(roller.policy.model)[1])):  # the policy plays them too
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(opt0, _leaves(tr.state.opt_state)):
+        np.testing.assert_array_equal(a, b)
+    # The same round with an update (skip_zero_advantage=False, the old default of the paper and smoke presets)
+    # moves them: what the default guards against.
+    moved = fresh(tmp_path / "moved")
+    assert moved.run_round()["train/updated"] is True
+    assert any(not np.array_equal(a, b) for a, b in zip(ad0, _leaves(moved.state.adapters)))
