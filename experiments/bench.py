@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m experiments.bench {envs,llm} [options]``.
+"""Benchmarks: ``python -m experiments.bench {envs,llm,train,rollout} [options]``.
 
 Bad input (an unknown benchmark, flag or value) fails before any compute with one line ``error: ...`` and exit
 status 2 (``--debug``: the traceback too; :mod:`experiments.cli`).

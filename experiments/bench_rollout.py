@@ -56,11 +56,7 @@ def bare_forward_batches(roller, res, policy) -> list[tuple]:
         suffix = [t["prompt_ids"][prefix:] for t in ts]
         tp = rollout._bucket(max(map(len, suffix)), rollout.LENGTH_BUCKET)
         b = rollout._rows_bucket(len(ts))
-        ids = np.full((b, tp), roller.pad_id, np.int32)
-        mask = np.zeros((b, tp), bool)
-        for i, s in enumerate(suffix):
-            ids[i, tp - len(s):] = s
-            mask[i, tp - len(s):] = True
+        ids, mask = rollout.left_pad(suffix, roller.pad_id, b, tp)
         rows = np.zeros((b,), np.int32)
         rows[:len(ts)] = policy.adapter_ids(np.array([t["aid"] for t in ts]), reference=False)
         out.append((ids, mask, rows, len(ts)))

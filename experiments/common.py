@@ -68,7 +68,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (GGUF)"
 EVAL_CHECKPOINTS = ("best", "final")  # best: paper §6.1 checkpoint rule; final: the last round's adapters
 CHUNKINGS = ("auto", "single")  # the compiled rollout's model calls per wave (RunConfig.chunking)
 CHECKPOINT_RULE = "highest training-time team return (paper §6.1)"
-SOLO_PAPER = {"overcooked_aa": 5, "overcooked_fc": 5, "cleanup": 2, "harvest": 2}  # solo-test seeds, paper preset
+# Solo-test seeds, paper preset (§6.4 gives none for Cleanup and Harvest: 3 = audit.MIN_SOLO_SEEDS, the fewest
+# that can give a verdict).
+SOLO_PAPER = {"overcooked_aa": 5, "overcooked_fc": 5, "cleanup": 3, "harvest": 3}
 # Decisions per forward/backward chunk in the update (memory only): the runs' MAGRPOConfig.micro_batch, where
 # MAGRPOConfig's own default is 0 (the whole minibatch at once).
 MICRO_BATCH = 8

@@ -103,14 +103,16 @@ class ChunkConfig:
           are fewer branches to compile.
         - CPU, ``sample``: (8, 4, 2, 1) exact, 64-token columns: a decode step streams every weight whatever the
           rows (memory-bound), so decoding rows together is what pays.
-        - GPU/TPU: powers of two from 8 up to ``rows``, padded, 64-token columns: a wave of SmolLM2 rows is
-          launch-bound there, so fewer, fuller calls win.
+        - GPU/TPU: two padded sizes, the power of two >= ``rows`` (at least 8) and 8, with 128-token columns: a
+          wave of SmolLM2 rows is launch-bound there, so few, full calls win, and the branch count (10 for a
+          Cleanup prompt limit of ~615 tokens) bounds the compile, which comes out of a 10-minute device call.
+          Not measured on a device yet (issue #11/#12).
         """
         backend = backend or jax.default_backend()
         if backend == "cpu":
             return cls(row_sizes=(1,)) if mode == "choice_only" else cls(row_sizes=(8, 4, 2, 1), length_step=64)
         top = max(8, 1 << (max(rows, 1) - 1).bit_length())
-        return cls(row_sizes=tuple(s for s in (64, 32, 16, 8) if s <= top), pad_rows=True, length_step=64)
+        return cls(row_sizes=tuple(sorted({top, 8}, reverse=True)), pad_rows=True, length_step=128)
 
     @classmethod
     def single(cls, rows: int) -> "ChunkConfig":

@@ -99,6 +99,17 @@ def _bucket(n: int, q: int) -> int:
     return max(q, -(-n // q) * q)
 
 
+def left_pad(seqs, pad_id: int, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``seqs`` (token-id lists, each at most ``width`` long, at most ``rows`` of them) left-padded into
+    ``(ids int32[rows, width], mask bool[rows, width])``; rows past ``len(seqs)`` are all padding."""
+    ids = np.full((rows, width), pad_id, np.int32)
+    mask = np.zeros((rows, width), bool)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = s
+        mask[i, width - len(s):] = True
+    return ids, mask
+
+
 def _rows_bucket(n: int) -> int:
     """Batch rows: exact up to 8, even up to 16, then multiples of 8.
 
@@ -215,11 +226,7 @@ class LLMPolicy:
         rows_in = suffix if use_prefix else prompt_ids
         tp = _bucket(max(len(s) for s in rows_in), LENGTH_BUCKET)
         b = _rows_bucket(r)
-        ids = np.full((b, tp), self.pad_id, np.int32)
-        mask = np.zeros((b, tp), bool)
-        for i, s in enumerate(rows_in):
-            ids[i, tp - len(s):] = s
-            mask[i, tp - len(s):] = True
+        ids, mask = left_pad(rows_in, self.pad_id, b, tp)
         rows = np.zeros((b,), np.int32)
         rows[:r] = self.adapter_ids(aids, reference)
         if reference:

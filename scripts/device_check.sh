@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared device check (H100/H200): PA-MAGRPO update MFU on a Qwen3-4B-shaped model, and game
 # throughput on the GPU next to bare JaxMARL OvercookedV2. Run through the device tool with `.whl`
-# carried (jaxmarl, gymnax, gymnasium, gguf, tyro and their small deps as wheels; the image has JAX).
+# carried (jaxmarl, gymnax, gymnasium, gguf and their small deps as wheels; the image has JAX).
 set -uo pipefail
 OUT=${OUT:-/tmp/device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

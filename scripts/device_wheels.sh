@@ -7,7 +7,7 @@
 # pillow, matplotlib, seaborn, tqdm, pyyaml, requests, cloudpickle, typing-extensions and scipy. Missing:
 #   jaxmarl (envs_jax's base classes and OvercookedV2), its dependency gymnax, gymnax's gymnasium and
 #   gymnasium's farama-notifications; gguf (lora.gguf_loader reads SmolLM2's GGUF).
-# tyro is only needed by experiments/burnin.py and the bench CLIs, not by python -m experiments.<game>.
+# No CLI library is needed: every entry point uses argparse (experiments/cli.py).
 # Versions: those of this project's environment (pyproject.toml pins jaxmarl==0.2.0); --no-deps, so each
 # dependency is named here, one version each (two versions of one package stop the install there).
 #

@@ -150,7 +150,7 @@ def test_presets_follow_the_paper():
     assert c.reduced_budget and c.mode == "choice_only" and not p.reduced_budget
     # checkpoint rule (§6.1) and solo test (§6.4)
     assert p.eval_checkpoint == o.eval_checkpoint == c.eval_checkpoint == "best"
-    assert (p.solo_episodes, o.solo_episodes, common.RunConfig.paper("harvest").solo_episodes) == (2, 5, 2)
+    assert (p.solo_episodes, o.solo_episodes, common.RunConfig.paper("harvest").solo_episodes) == (3, 5, 3)
     assert c.solo_episodes == common.RunConfig.smoke("overcooked_aa").solo_episodes == 1
     assert common.RunConfig.paper("overcooked_aa", eval_episodes=3).solo_episodes == 3  # capped by the evaluation
     args = common.build_parser("x", layout=True).parse_args(["--preset", "paper", "--eval-checkpoint", "final",
