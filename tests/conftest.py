@@ -13,15 +13,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The runs' persistent JAX compilation cache (experiments.common.run): one fresh directory per test process, so
-# the tests never write the repository's runs/.jax_cache, start cold like CI, and two workers never share one. A
-# directory the user set is kept; one set by this file in the pytest-xdist controller (inherited) is not.
-_CACHE_PREFIX = "jaxopt-marl-test-cache-"
-if Path(os.environ.get("JAXOPT_MARL_JAX_CACHE", _CACHE_PREFIX)).name.startswith(_CACHE_PREFIX):
-    os.environ["JAXOPT_MARL_JAX_CACHE"] = tempfile.mkdtemp(
-        prefix=f"{_CACHE_PREFIX}{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+# the tests never write the repository's runs/.jax_cache, start cold like CI, and two test processes never share
+# one. A directory the user set is kept.
+if "JAXOPT_MARL_JAX_CACHE" not in os.environ:
+    os.environ["JAXOPT_MARL_JAX_CACHE"] = tempfile.mkdtemp(prefix="jaxopt-marl-test-cache-")
     atexit.register(shutil.rmtree, os.environ["JAXOPT_MARL_JAX_CACHE"], ignore_errors=True)
-#: Fixtures whose modules share one pytest-xdist worker (the session smoke runs are played once).
-SMOKE_FIXTURES = ("smoke_runs", "smoke_run")
 #: game -> the command line's module and flags. Cleanup's run scores in ``choice_only`` mode (the cpu preset's),
 #: the others sample (the smoke preset's), so both kinds of decision trace are covered.
 SMOKE_COMMANDS = {
@@ -61,12 +57,3 @@ def smoke_run(smoke_runs):
     """The Overcooked Asymmetric Advantages smoke run: ``(run_dir, stdout)``."""
     return smoke_runs("overcooked_aa")
 
-
-def pytest_collection_modifyitems(config, items):
-    """pytest-xdist groups (``--dist loadgroup``, pyproject's default): every test module is one group, so its
-    module fixtures (a compiled roller, a train step) are built once; the modules with a test that reads the
-    session smoke runs (:data:`SMOKE_FIXTURES`) form one group, so each game's smoke run is played once."""
-    smoke = {item.module.__name__ for item in items if set(SMOKE_FIXTURES) & set(item.fixturenames)}
-    for item in items:
-        name = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group("smoke-runs" if name in smoke else name))
