@@ -20,7 +20,8 @@ Presets (:class:`RunConfig` constructors):
   Solo test on 5 seeds for Overcooked, 2 for Cleanup / Harvest (our choice; the paper reports one number per
   agent).
 - ``cpu`` — the default without an accelerator: the same pipeline on a reduced budget meant to finish in
-  under 20 minutes on 2 CPU cores (episodes of 30 steps for Cleanup, 20 for Harvest, 80 for Overcooked; K 2,
+  about 30 minutes on 2 CPU cores (measured phases in the README; episodes of 30 steps for Cleanup, 20 for Harvest,
+  80 for Overcooked; K 2,
   2 rounds, 1 PPO epoch, ``choice_only`` scoring, 2 evaluation episodes, 100 + 100 burn-in episodes, no update
   in rounds without return spread, a 1-seed solo test). Says so in the console and in the report.
 - ``smoke`` — a few minutes, to test the pipeline end to end (every stage and file, resume, report), not the
@@ -210,7 +211,7 @@ class RunConfig:
 
     @classmethod
     def cpu(cls, game: str, **kw) -> "RunConfig":
-        """The paper's optimiser settings on a budget for 2 CPU cores (~20 minutes)."""
+        """The paper's optimiser settings on a budget for 2 CPU cores (about 30 minutes for Cleanup, README)."""
         # Measured on 2 idle cores with SmolLM2-135M (2026-11-30): a decision's prompt is ~245 tokens after the
         # 110-token system turn; rollouts ~1.2-2 decisions/s (letter-only scoring), the update ~2.8 s per decision
         # (theta_old and reference scoring + one PPO epoch, system turn run once per adapter). That buys ~100
