@@ -53,7 +53,8 @@ def config_keys(name: str) -> tuple[str, ...]:
     fixed = _REGISTRY[name][2]
     params = inspect.signature(cls.__init__).parameters
     return tuple(
-        p for p, v in params.items()
+        p
+        for p, v in params.items()
         if p != "self" and p not in fixed and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)
     )
 
@@ -79,8 +80,7 @@ def make(name: str, **config: Any):
     bad = sorted(set(config) - set(valid))
     if bad:
         raise ValueError(
-            f"unknown config key(s) {bad} for game {name!r}; valid keys: {', '.join(valid) or '(none)'}"
-            " (and 'checked')"
+            f"unknown config key(s) {bad} for game {name!r}; valid keys: {', '.join(valid) or '(none)'} (and 'checked')"
         )
     env = cls(**_REGISTRY[name][2], **config)
     if checked:

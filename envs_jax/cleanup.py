@@ -38,10 +38,36 @@ import numpy as np
 from flax import struct
 
 from envs_jax.meltingpot import (
-    BIT_APPLE, BIT_DIRT, BIT_GRASS, BIT_RIVER, BIT_WALL, CODE_APPLE, CODE_DIRT, CODE_FLOOR, CODE_GRASS,
-    CODE_RIVER, CODE_WALL, FIRE_CLEAN, STREAM_GAME, MeltingPotEnv, MeltingPotState, agent_phase,
-    bounding_box, cell_codes, cells_of, check_num_agents, clean_beams, cooldown_gate, eat_apples, hash_uniform,
-    initial_agent_fields, parse_ascii_map, pick_distinct, random_ranks, respawn_phase, seed_from_key,
+    BIT_APPLE,
+    BIT_DIRT,
+    BIT_GRASS,
+    BIT_RIVER,
+    BIT_WALL,
+    CODE_APPLE,
+    CODE_DIRT,
+    CODE_FLOOR,
+    CODE_GRASS,
+    CODE_RIVER,
+    CODE_WALL,
+    FIRE_CLEAN,
+    STREAM_GAME,
+    MeltingPotEnv,
+    MeltingPotState,
+    agent_phase,
+    bounding_box,
+    cell_codes,
+    cells_of,
+    check_num_agents,
+    clean_beams,
+    cooldown_gate,
+    eat_apples,
+    hash_uniform,
+    initial_agent_fields,
+    parse_ascii_map,
+    pick_distinct,
+    random_ranks,
+    respawn_phase,
+    seed_from_key,
     unique_priority,
 )
 
@@ -98,13 +124,25 @@ THRESHOLD_RESTORATION = 0.0  # thresholdRestoration: full growth rate at dirt fr
 
 # hash_uniform stream ids of this game's draws (see envs_jax.meltingpot).
 _STREAM_GROW, _STREAM_DIRT_COIN, _STREAM_DIRT_CELL, _STREAM_RESET_CELL, _STREAM_RESET_FACING = (
-    STREAM_GAME + i for i in range(5))
+    STREAM_GAME + i for i in range(5)
+)
 # The shooters' processing order for the credit of a dirt cell two beams reach (clean_beams); its own stream,
 # so no other draw changes.
 _STREAM_CLEAN_ORDER = STREAM_GAME + 5
 
-LAYER_NAMES = ("wall", "apple", "dirt", "river", "grass", "self", "other", "other_facing_up",
-               "other_facing_right", "other_facing_down", "other_facing_left")
+LAYER_NAMES = (
+    "wall",
+    "apple",
+    "dirt",
+    "river",
+    "grass",
+    "self",
+    "other",
+    "other_facing_up",
+    "other_facing_right",
+    "other_facing_down",
+    "other_facing_left",
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,8 +167,13 @@ def apple_growth_probability(num_dirty: jax.Array, num_dirt_cells: int) -> jax.A
     return (MAX_APPLE_GROWTH_RATE * jnp.clip(frac, 0.0, 1.0)).astype(jnp.float32)
 
 
-def spawn_dirt(seed: jax.Array, dirt: jax.Array, dirt_capable: jax.Array, allowed: jax.Array,
-               box: tuple[int, int, int, int] | None = None) -> jax.Array:
+def spawn_dirt(
+    seed: jax.Array,
+    dirt: jax.Array,
+    dirt_capable: jax.Array,
+    allowed: jax.Array,
+    box: tuple[int, int, int, int] | None = None,
+) -> jax.Array:
     """With probability 0.5 (if ``allowed``), one uniformly chosen clean dirt-capable cell turns dirty.
 
     Args:
@@ -185,12 +228,12 @@ class Cleanup(MeltingPotEnv):
     layer_names = LAYER_NAMES
     zap_cooldown_frames = ZAP_COOLDOWN
 
-    def __init__(self, max_steps: int = DEFAULT_MAX_STEPS, num_agents: int = NUM_AGENTS,
-                 ascii_map: str | None = None):
+    def __init__(self, max_steps: int = DEFAULT_MAX_STEPS, num_agents: int = NUM_AGENTS, ascii_map: str | None = None):
         chars = parse_ascii_map(ASCII_MAP if ascii_map is None else ascii_map)
         spawns = cells_of(chars, SPAWN_CHARS)
-        num_agents = check_num_agents(num_agents, default=NUM_AGENTS, substrate="clean_up",
-                                      custom_map=ascii_map is not None)
+        num_agents = check_num_agents(
+            num_agents, default=NUM_AGENTS, substrate="clean_up", custom_map=ascii_map is not None
+        )
         if not 1 <= num_agents <= len(spawns):
             raise ValueError(f"num_agents={num_agents} needs 1..{len(spawns)} (the map's spawn points)")
         super().__init__(num_agents=num_agents, max_steps=max_steps)
@@ -206,7 +249,8 @@ class Cleanup(MeltingPotEnv):
         self._dirt_box = bounding_box(self.dirt_capable)
         self.num_dirt_cells = max(int(self.dirt_capable.sum()), 1)
         self.static_bits = (
-            (self.wall.astype(np.uint8) << BIT_WALL) | (self.water.astype(np.uint8) << BIT_RIVER)
+            (self.wall.astype(np.uint8) << BIT_WALL)
+            | (self.water.astype(np.uint8) << BIT_RIVER)
             | (self.apple_capable.astype(np.uint8) << BIT_GRASS)
         )
 
@@ -215,8 +259,7 @@ class Cleanup(MeltingPotEnv):
         """Agents on distinct uniformly random spawn points, uniformly random facing; 79 dirt, 0 apples."""
         seed = seed_from_key(key)
         n, s = self.num_agents, len(self.spawn_points)
-        idx, _ = pick_distinct(unique_priority(seed, s, _STREAM_RESET_CELL), jnp.ones(n, bool),
-                               jnp.zeros(s, bool))
+        idx, _ = pick_distinct(unique_priority(seed, s, _STREAM_RESET_CELL), jnp.ones(n, bool), jnp.zeros(s, bool))
         pos = jnp.asarray(self.spawn_points)[idx]
         facing = (hash_uniform(seed, (n,), _STREAM_RESET_FACING) * 4).astype(jnp.int32)
         zi, zb = jnp.zeros(n, jnp.int32), jnp.zeros(n, bool)
@@ -224,7 +267,10 @@ class Cleanup(MeltingPotEnv):
             **initial_agent_fields(pos, facing),
             apples=jnp.zeros((self.height, self.width), bool),
             dirt=jnp.asarray(self.dirt_at_reset),
-            clean_cooldown=zi, clean_fired=zb, cleaned=zi, cleaned_total=zi,
+            clean_cooldown=zi,
+            clean_fired=zb,
+            cleaned=zi,
+            cleaned_total=zi,
         )
 
     def step_state(self, key: jax.Array, state: CleanupState, actions: jax.Array) -> CleanupState:
@@ -239,13 +285,13 @@ class Cleanup(MeltingPotEnv):
         u = hash_uniform(seed, (r1 - r0, c1 - c0), _STREAM_GROW)
         grow = jnp.asarray(self.apple_capable[r0:r1, c0:c1]) & (u < p)
         apples = state.apples.at[r0:r1, c0:c1].set(state.apples[r0:r1, c0:c1] | grow)
-        dirt = spawn_dirt(seed, state.dirt, jnp.asarray(self.dirt_capable), t >= DIRT_SPAWN_START_STEP,
-                          self._dirt_box)
+        dirt = spawn_dirt(seed, state.dirt, jnp.asarray(self.dirt_capable), t >= DIRT_SPAWN_START_STEP, self._dirt_box)
         apples, ate_standing = eat_apples(apples, state.pos, state.alive)
 
         # 2.-3a. Turns and moves in random order (eating on entry), then all zap beams.
         fields, apples, ate_moving, active = agent_phase(
-            seed, state, actions, apples, wall, ZAP_COOLDOWN, ZAP_REMOVAL_FRAMES)
+            seed, state, actions, apples, wall, ZAP_COOLDOWN, ZAP_REMOVAL_FRAMES
+        )
 
         # 3b. All cleaning beams, from post-move positions; shooters zapped this step still clean.
         fires, clean_timer = cooldown_gate(state.clean_cooldown, actions == FIRE_CLEAN, active, CLEAN_COOLDOWN)
@@ -256,15 +302,19 @@ class Cleanup(MeltingPotEnv):
         ate = ate_standing.astype(jnp.int32) + ate_moving.astype(jnp.int32)
         fields = respawn_phase(seed, state, fields, ate, jnp.asarray(self.spawn_points))
         return state.replace(
-            **fields, apples=apples, dirt=dirt, clean_cooldown=clean_timer, clean_fired=fires,
-            cleaned=cleaned, cleaned_total=state.cleaned_total + cleaned,
+            **fields,
+            apples=apples,
+            dirt=dirt,
+            clean_cooldown=clean_timer,
+            clean_fired=fires,
+            cleaned=cleaned,
+            cleaned_total=state.cleaned_total + cleaned,
         )
 
     # -- observation / render / stats ------------------------------------------------------------
     def cell_code_grid(self, state: CleanupState) -> jax.Array:
         """uint8[H, W] observation codes (see ``envs_jax.meltingpot.cell_codes``)."""
-        return cell_codes(jnp.asarray(self.static_bits), state.apples, state.dirt, state.pos, state.facing,
-                          state.alive)
+        return cell_codes(jnp.asarray(self.static_bits), state.apples, state.dirt, state.pos, state.facing, state.alive)
 
     def render_codes(self, state: CleanupState) -> jax.Array:
         """int32[H, W] palette codes without agents."""

@@ -35,10 +35,30 @@ import numpy as np
 from flax import struct
 
 from envs_jax.meltingpot import (
-    BIT_APPLE, BIT_GRASS, BIT_WALL, CODE_APPLE, CODE_FLOOR, CODE_GRASS, CODE_WALL, STREAM_GAME,
-    MeltingPotEnv, MeltingPotState, agent_phase, bounding_box, cell_codes, cells_of, check_num_agents,
-    eat_apples, hash_uniform, hash_uniform_box, initial_agent_fields, parse_ascii_map, pick_distinct,
-    respawn_phase, seed_from_key, unique_priority,
+    BIT_APPLE,
+    BIT_GRASS,
+    BIT_WALL,
+    CODE_APPLE,
+    CODE_FLOOR,
+    CODE_GRASS,
+    CODE_WALL,
+    STREAM_GAME,
+    MeltingPotEnv,
+    MeltingPotState,
+    agent_phase,
+    bounding_box,
+    cell_codes,
+    cells_of,
+    check_num_agents,
+    eat_apples,
+    hash_uniform,
+    hash_uniform_box,
+    initial_agent_fields,
+    parse_ascii_map,
+    pick_distinct,
+    respawn_phase,
+    seed_from_key,
+    unique_priority,
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -85,11 +105,19 @@ NEIGHBOUR_OFFSETS = np.array(
 )
 
 # hash_uniform stream ids of this game's draws (see envs_jax.meltingpot).
-_STREAM_GROW, _STREAM_RESET_INSIDE, _STREAM_RESET_CELL, _STREAM_RESET_FACING = (
-    STREAM_GAME + i for i in range(4))
+_STREAM_GROW, _STREAM_RESET_INSIDE, _STREAM_RESET_CELL, _STREAM_RESET_FACING = (STREAM_GAME + i for i in range(4))
 
-LAYER_NAMES = ("wall", "apple", "grass", "self", "other", "other_facing_up", "other_facing_right",
-               "other_facing_down", "other_facing_left")
+LAYER_NAMES = (
+    "wall",
+    "apple",
+    "grass",
+    "self",
+    "other",
+    "other_facing_up",
+    "other_facing_right",
+    "other_facing_down",
+    "other_facing_left",
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,7 +129,7 @@ def neighbour_apple_count(apples: jax.Array) -> jax.Array:
     """int32[H, W]: live apples among each cell's 12 radius-2 neighbours (off-map counts as none)."""
     h, w = apples.shape
     padded = jnp.pad(apples.astype(jnp.int32), 2)
-    return sum(padded[2 + dr: 2 + dr + h, 2 + dc: 2 + dc + w] for dr, dc in NEIGHBOUR_OFFSETS)
+    return sum(padded[2 + dr : 2 + dr + h, 2 + dc : 2 + dc + w] for dr, dc in NEIGHBOUR_OFFSETS)
 
 
 def regrowth_probability(k: jax.Array) -> jax.Array:
@@ -158,17 +186,18 @@ class CommonsHarvest(MeltingPotEnv):
     layer_names = LAYER_NAMES
     zap_cooldown_frames = ZAP_COOLDOWN
 
-    def __init__(self, max_steps: int = DEFAULT_MAX_STEPS, num_agents: int = NUM_AGENTS,
-                 ascii_map: str | None = None):
+    def __init__(self, max_steps: int = DEFAULT_MAX_STEPS, num_agents: int = NUM_AGENTS, ascii_map: str | None = None):
         chars = parse_ascii_map(ASCII_MAP if ascii_map is None else ascii_map)
         spawns = cells_of(chars, SPAWN_CHARS)
         inside = cells_of(chars, INSIDE_SPAWN_CHARS)
-        num_agents = check_num_agents(num_agents, default=NUM_AGENTS, substrate="commons_harvest__open",
-                                      custom_map=ascii_map is not None)
+        num_agents = check_num_agents(
+            num_agents, default=NUM_AGENTS, substrate="commons_harvest__open", custom_map=ascii_map is not None
+        )
         n_inside = min(num_agents, len(inside))
         if num_agents < 1 or num_agents - n_inside > len(spawns) or len(spawns) == 0:
-            raise ValueError(f"num_agents={num_agents} does not fit the map's {len(inside)} Q and "
-                             f"{len(spawns)} P spawn cells")
+            raise ValueError(
+                f"num_agents={num_agents} does not fit the map's {len(inside)} Q and {len(spawns)} P spawn cells"
+            )
         super().__init__(num_agents=num_agents, max_steps=max_steps)
         self.ascii_map = chars
         self.height, self.width = chars.shape
@@ -180,8 +209,7 @@ class CommonsHarvest(MeltingPotEnv):
         self._apple_box = bounding_box(self.apple_capable)
         self.patch_id = label_patches(self.apple_capable)
         self.num_patches = int(self.patch_id.max()) + 1
-        self.static_bits = (self.wall.astype(np.uint8) << BIT_WALL) | (
-            self.apple_capable.astype(np.uint8) << BIT_GRASS)
+        self.static_bits = (self.wall.astype(np.uint8) << BIT_WALL) | (self.apple_capable.astype(np.uint8) << BIT_GRASS)
 
     # -- reset / step ----------------------------------------------------------------------------
     def reset_state(self, key: jax.Array) -> HarvestState:
@@ -190,16 +218,20 @@ class CommonsHarvest(MeltingPotEnv):
         seed = seed_from_key(key)
         n, m = self.num_agents, self.num_inside
         q, s = len(self.inside_spawn_points), len(self.spawn_points)
-        idx_in, _ = pick_distinct(unique_priority(seed, q, _STREAM_RESET_INSIDE), jnp.ones(m, bool),
-                                  jnp.zeros(q, bool))
-        idx_out, _ = pick_distinct(unique_priority(seed, s, _STREAM_RESET_CELL), jnp.ones(n - m, bool),
-                                   jnp.zeros(s, bool))
-        pos = jnp.concatenate([jnp.asarray(self.inside_spawn_points).reshape(-1, 2)[idx_in],
-                               jnp.asarray(self.spawn_points)[idx_out]], axis=0)
+        idx_in, _ = pick_distinct(unique_priority(seed, q, _STREAM_RESET_INSIDE), jnp.ones(m, bool), jnp.zeros(q, bool))
+        idx_out, _ = pick_distinct(
+            unique_priority(seed, s, _STREAM_RESET_CELL), jnp.ones(n - m, bool), jnp.zeros(s, bool)
+        )
+        pos = jnp.concatenate(
+            [jnp.asarray(self.inside_spawn_points).reshape(-1, 2)[idx_in], jnp.asarray(self.spawn_points)[idx_out]],
+            axis=0,
+        )
         facing = (hash_uniform(seed, (n,), _STREAM_RESET_FACING) * 4).astype(jnp.int32)
         apples = jnp.asarray(self.apple_capable)
         return HarvestState(
-            **initial_agent_fields(pos, facing), apples=apples, eaten_last=jnp.zeros_like(apples),
+            **initial_agent_fields(pos, facing),
+            apples=apples,
+            eaten_last=jnp.zeros_like(apples),
         )
 
     def step_state(self, key: jax.Array, state: HarvestState, actions: jax.Array) -> HarvestState:
@@ -209,7 +241,8 @@ class CommonsHarvest(MeltingPotEnv):
 
         # 1.-2. Turns and moves in random order (eating on entry), then all zap beams.
         fields, apples, ate_moving, _ = agent_phase(
-            seed, state, actions, state.apples, wall, ZAP_COOLDOWN, ZAP_REMOVAL_FRAMES)
+            seed, state, actions, state.apples, wall, ZAP_COOLDOWN, ZAP_REMOVAL_FRAMES
+        )
         eaten = state.apples & ~apples
 
         # 3. Regrowth from the neighbour count at the end of step t-1; eaten cells wait one extra step.
@@ -227,8 +260,7 @@ class CommonsHarvest(MeltingPotEnv):
     # -- observation / render / stats ------------------------------------------------------------
     def cell_code_grid(self, state: HarvestState) -> jax.Array:
         """uint8[H, W] observation codes (see ``envs_jax.meltingpot.cell_codes``)."""
-        return cell_codes(jnp.asarray(self.static_bits), state.apples, None, state.pos, state.facing,
-                          state.alive)
+        return cell_codes(jnp.asarray(self.static_bits), state.apples, None, state.pos, state.facing, state.alive)
 
     def render_codes(self, state: HarvestState) -> jax.Array:
         """int32[H, W] palette codes without agents."""

@@ -24,8 +24,8 @@ as Melting Pot gives it an all-black image.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +47,17 @@ DIRECTIONS = np.array([[-1, 0], [0, 1], [1, 0], [0, -1]], np.int32)
 
 # Action indices: Melting Pot ``ACTION_SET`` of clean_up.py (Harvest uses 0..7), spec §1.2.
 NOOP, FORWARD, BACKWARD, STEP_LEFT, STEP_RIGHT, TURN_LEFT, TURN_RIGHT, FIRE_ZAP, FIRE_CLEAN = range(9)
-ACTION_NAMES = ("NOOP", "FORWARD", "BACKWARD", "STEP_LEFT", "STEP_RIGHT", "TURN_LEFT", "TURN_RIGHT",
-                "FIRE_ZAP", "FIRE_CLEAN")
+ACTION_NAMES = (
+    "NOOP",
+    "FORWARD",
+    "BACKWARD",
+    "STEP_LEFT",
+    "STEP_RIGHT",
+    "TURN_LEFT",
+    "TURN_RIGHT",
+    "FIRE_ZAP",
+    "FIRE_CLEAN",
+)
 # Per action: clockwise quarter turns from facing to the move direction (-1 = not a move), spec §1.2.
 MOVE_ROTATION = np.array([-1, 0, 2, 3, 1, -1, -1, -1, -1], np.int32)
 # Per action: change of facing in clockwise quarter turns (TURN_LEFT = counter-clockwise), spec §1.2.
@@ -66,9 +75,7 @@ PAD = 10
 
 # Beam footprint (spec §1.3; DMLab2D beam length 3, radius 1): [segment, step, (forward, sideways)].
 # Segments: centre, left, right; each traced outward and stopped at its first blocking cell.
-BEAM_OFFSETS = np.array(
-    [[(1, 0), (2, 0), (3, 0)], [(0, -1), (1, -1), (2, -1)], [(0, 1), (1, 1), (2, 1)]], np.int32
-)
+BEAM_OFFSETS = np.array([[(1, 0), (2, 0), (3, 0)], [(0, -1), (1, -1), (2, -1)], [(0, 1), (1, 1), (2, 1)]], np.int32)
 
 # Bits of the per-cell observation code (uint8). Bits 5..7 hold 0 (no agent) or 1 + the agent's facing.
 BIT_WALL, BIT_APPLE, BIT_DIRT, BIT_RIVER, BIT_GRASS = 0, 1, 2, 3, 4
@@ -89,8 +96,7 @@ PALETTE_BASE = np.array(
 CODE_FLOOR, CODE_WALL, CODE_RIVER, CODE_DIRT, CODE_GRASS, CODE_APPLE = range(6)
 # Melting Pot's default player colours (colour palette of avatar_library), first 7.
 PALETTE_AGENTS = np.array(
-    [[45, 110, 220], [125, 50, 200], [205, 5, 165], [245, 65, 65], [245, 130, 0], [195, 180, 0],
-     [125, 185, 65]],
+    [[45, 110, 220], [125, 50, 200], [205, 5, 165], [245, 65, 65], [245, 130, 0], [195, 180, 0], [125, 185, 65]],
     np.uint8,
 )
 # Pixels per cell in render(); Melting Pot's sprites are 8x8 (WORLD.RGB 168x240 for Clean Up).
@@ -229,8 +235,9 @@ def unique_priority(seed: jax.Array, n: int, stream: int) -> jax.Array:
     return bits | jnp.arange(n, dtype=jnp.int32)
 
 
-def hash_uniform_box(seed: jax.Array, shape: tuple[int, int], box: tuple[int, int, int, int], stream: int,
-                     fill: float = 1.0) -> jax.Array:
+def hash_uniform_box(
+    seed: jax.Array, shape: tuple[int, int], box: tuple[int, int, int, int], stream: int, fill: float = 1.0
+) -> jax.Array:
     """float32[H, W] uniforms drawn only inside the static ``box`` = (r0, r1, c0, c1) (half-open), ``fill``
     elsewhere. Saves hashing cells that can never use the draw."""
     r0, r1, c0, c1 = box
@@ -311,7 +318,11 @@ def move_targets(pos: jax.Array, facing: jax.Array, actions: jax.Array) -> tuple
 
 
 def resolve_moves(
-    pos: jax.Array, targets: jax.Array, wants_move: jax.Array, alive: jax.Array, wall: jax.Array,
+    pos: jax.Array,
+    targets: jax.Array,
+    wants_move: jax.Array,
+    alive: jax.Array,
+    wall: jax.Array,
     rank: jax.Array,
 ) -> jax.Array:
     """Executes moves one agent at a time in order of ``rank`` (DMLab2D's sequential action queue).
@@ -409,7 +420,11 @@ def zap_beams(
 
 
 def clean_beams(
-    pos: jax.Array, facing: jax.Array, firing: jax.Array, wall: jax.Array, dirt: jax.Array,
+    pos: jax.Array,
+    facing: jax.Array,
+    firing: jax.Array,
+    wall: jax.Array,
+    dirt: jax.Array,
     order: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """All cleaning beams of one step, traced simultaneously.
@@ -490,8 +505,13 @@ def remove_hit(alive: jax.Array, timer: jax.Array, hit: jax.Array, removal_frame
 
 
 def respawn(
-    seed: jax.Array, pos: jax.Array, facing: jax.Array, alive: jax.Array, timer: jax.Array,
-    was_removed: jax.Array, spawn_points: jax.Array,
+    seed: jax.Array,
+    pos: jax.Array,
+    facing: jax.Array,
+    alive: jax.Array,
+    timer: jax.Array,
+    was_removed: jax.Array,
+    spawn_points: jax.Array,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Counts down removal timers and respawns agents whose time is up.
 
@@ -541,8 +561,6 @@ def window_offsets() -> np.ndarray:
 _WINDOW_OFFSETS = window_offsets()
 
 
-
-
 def _window_slicing() -> tuple[np.ndarray, np.ndarray]:
     """Per facing, the window as a rotated 11x11 map block: (block origin offset int32[4, 2], quarter
     rotations int32[4]) with ``window = rot90(map[origin : origin + 11, ...], k)``."""
@@ -559,8 +577,14 @@ def _window_slicing() -> tuple[np.ndarray, np.ndarray]:
 _BLOCK_ORIGIN, _BLOCK_ROT = _window_slicing()
 
 
-def cell_codes(static_bits: jax.Array, apples: jax.Array, dirt: jax.Array | None, pos: jax.Array,
-               facing: jax.Array, alive: jax.Array) -> jax.Array:
+def cell_codes(
+    static_bits: jax.Array,
+    apples: jax.Array,
+    dirt: jax.Array | None,
+    pos: jax.Array,
+    facing: jax.Array,
+    alive: jax.Array,
+) -> jax.Array:
     """uint8[H, W] per-cell observation code: static bits | apple | dirt | (1 + facing of agent) << 5."""
     code = static_bits | (apples.astype(jnp.uint8) << BIT_APPLE)
     if dirt is not None:
@@ -598,8 +622,9 @@ def _obs_table(bit_layers: tuple[int, ...]) -> np.ndarray:
     return _OBS_TABLES[bit_layers]
 
 
-def egocentric_obs(code: jax.Array, pos: jax.Array, facing: jax.Array, alive: jax.Array,
-                   bit_layers: Sequence[int]) -> jax.Array:
+def egocentric_obs(
+    code: jax.Array, pos: jax.Array, facing: jax.Array, alive: jax.Array, bit_layers: Sequence[int]
+) -> jax.Array:
     """Symbolic egocentric observations (see :func:`egocentric_obs_list`, stacked).
 
     Args:
@@ -615,8 +640,9 @@ def egocentric_obs(code: jax.Array, pos: jax.Array, facing: jax.Array, alive: ja
     return jnp.stack(egocentric_obs_list(code, pos, facing, alive, bit_layers))
 
 
-def egocentric_obs_list(code: jax.Array, pos: jax.Array, facing: jax.Array, alive: jax.Array,
-                        bit_layers: Sequence[int]) -> list[jax.Array]:
+def egocentric_obs_list(
+    code: jax.Array, pos: jax.Array, facing: jax.Array, alive: jax.Array, bit_layers: Sequence[int]
+) -> list[jax.Array]:
     """:func:`egocentric_obs` as a list of N arrays uint8[11, 11, C], one per agent (each written by its
     own table lookup, with no stacked copy to slice)."""
     table = jnp.asarray(_obs_table(tuple(int(b) for b in bit_layers)))
@@ -694,16 +720,32 @@ def initial_agent_fields(pos: jax.Array, facing: jax.Array) -> dict[str, jax.Arr
     n = pos.shape[0]
     zi, zb = jnp.zeros(n, jnp.int32), jnp.zeros(n, bool)
     return dict(
-        pos=pos.astype(jnp.int32), facing=facing.astype(jnp.int32), alive=jnp.ones(n, bool),
-        removal_timer=zi, zap_cooldown=zi, step=jnp.int32(0), done=jnp.bool_(False), ate=zi,
-        zap_fired=zb, zap_hits=zi, zapped=zb, respawned=zb, apples_total=zi, zap_hits_total=zi,
+        pos=pos.astype(jnp.int32),
+        facing=facing.astype(jnp.int32),
+        alive=jnp.ones(n, bool),
+        removal_timer=zi,
+        zap_cooldown=zi,
+        step=jnp.int32(0),
+        done=jnp.bool_(False),
+        ate=zi,
+        zap_fired=zb,
+        zap_hits=zi,
+        zapped=zb,
+        respawned=zb,
+        apples_total=zi,
+        zap_hits_total=zi,
         removed_steps_total=zi,
     )
 
 
 def agent_phase(
-    seed: jax.Array, state: MeltingPotState, actions: jax.Array, apples: jax.Array, wall: jax.Array,
-    zap_cooldown: int, removal_frames: int,
+    seed: jax.Array,
+    state: MeltingPotState,
+    actions: jax.Array,
+    apples: jax.Array,
+    wall: jax.Array,
+    zap_cooldown: int,
+    removal_frames: int,
 ) -> tuple[dict[str, jax.Array], jax.Array, jax.Array, jax.Array]:
     """Phases 2–3a of a step (spec §1.3): turns and moves in random order with eating, then zaps.
 
@@ -733,13 +775,24 @@ def agent_phase(
     fires, zap_timer = cooldown_gate(state.zap_cooldown, actions == FIRE_ZAP, active, zap_cooldown)
     hit, hits_by = zap_beams(pos, facing, active, fires, wall)
     alive, timer = remove_hit(active, state.removal_timer, hit, removal_frames)
-    fields = dict(pos=pos, facing=facing, alive=alive, removal_timer=timer, zap_cooldown=zap_timer,
-                  zap_fired=fires, zap_hits=hits_by, zapped=hit)
+    fields = dict(
+        pos=pos,
+        facing=facing,
+        alive=alive,
+        removal_timer=timer,
+        zap_cooldown=zap_timer,
+        zap_fired=fires,
+        zap_hits=hits_by,
+        zapped=hit,
+    )
     return fields, apples, ate, active
 
 
 def respawn_phase(
-    seed: jax.Array, state: MeltingPotState, fields: dict[str, jax.Array], ate: jax.Array,
+    seed: jax.Array,
+    state: MeltingPotState,
+    fields: dict[str, jax.Array],
+    ate: jax.Array,
     spawn_points: jax.Array,
 ) -> dict[str, jax.Array]:
     """Phase 4 (respawns) plus the per-step and per-episode agent bookkeeping.
@@ -752,12 +805,18 @@ def respawn_phase(
         All :class:`MeltingPotState` agent fields plus ``step`` and ``ate``, for ``state.replace``.
     """
     pos, facing, alive, timer = respawn(
-        seed, fields["pos"], fields["facing"], fields["alive"], fields["removal_timer"], ~state.alive,
-        spawn_points)
+        seed, fields["pos"], fields["facing"], fields["alive"], fields["removal_timer"], ~state.alive, spawn_points
+    )
     out = dict(fields)
     out.update(
-        pos=pos, facing=facing, alive=alive, removal_timer=timer, step=state.step + 1, ate=ate,
-        respawned=alive & ~fields["alive"], apples_total=state.apples_total + ate,
+        pos=pos,
+        facing=facing,
+        alive=alive,
+        removal_timer=timer,
+        step=state.step + 1,
+        ate=ate,
+        respawned=alive & ~fields["alive"],
+        apples_total=state.apples_total + ate,
         zap_hits_total=state.zap_hits_total + fields["zap_hits"],
         removed_steps_total=state.removed_steps_total + (~alive).astype(jnp.int32),
     )
@@ -894,9 +953,16 @@ class MeltingPotEnv(MultiAgentEnv):
 
     def render(self, state: MeltingPotState) -> jax.Array:
         """uint8[H*8, W*8, 3] picture of the whole map (agents in Melting Pot's player colours)."""
-        palette = jnp.asarray(np.concatenate([PALETTE_BASE, PALETTE_AGENTS[: self.num_agents]
-                                              if self.num_agents <= len(PALETTE_AGENTS) else
-                                              np.resize(PALETTE_AGENTS, (self.num_agents, 3))]))
+        palette = jnp.asarray(
+            np.concatenate(
+                [
+                    PALETTE_BASE,
+                    PALETTE_AGENTS[: self.num_agents]
+                    if self.num_agents <= len(PALETTE_AGENTS)
+                    else np.resize(PALETTE_AGENTS, (self.num_agents, 3)),
+                ]
+            )
+        )
         codes = self.render_codes(state)
         h, w = codes.shape
         flat = jnp.where(state.alive, state.pos[:, 0] * w + state.pos[:, 1], h * w)

@@ -96,9 +96,7 @@ DEFAULT_MAX_STEPS = 400  # spec §3.2 / §3.4: fixed 400-step episodes
 ACTIONS: tuple[str, ...] = ("up", "down", "right", "left", "stay", "interact")
 UP, DOWN, RIGHT, LEFT, STAY, INTERACT = range(6)
 # Our action index -> V2 OvercookedActionsEnum index.
-ACTION_TO_CORE = jnp.array(
-    [OvercookedActionsEnum[name] for name in ACTIONS], dtype=jnp.int32
-)
+ACTION_TO_CORE = jnp.array([OvercookedActionsEnum[name] for name in ACTIONS], dtype=jnp.int32)
 
 # Facing codes (V2 common.Direction): 0 N, 1 S, 2 E, 3 W; equal to the move action that sets them.
 FACINGS: tuple[str, ...] = ("N", "S", "E", "W")
@@ -120,8 +118,25 @@ SOUP_ONIONS = 3  # the only order on AA / FC (V2 possible_recipes=[[0, 0, 0]]), 
 COOK_STEPS = POT_COOK_TIME  # 20: steps t … t+19 cook after a start interact in step t (see docstring)
 
 # Rendering: palette indices and colours (uint8 RGB).
-(C_FLOOR, C_COUNTER, C_ONION_DISPENSER, C_PLATE_DISPENSER, C_SERVING, C_POT_EMPTY, C_POT_1, C_POT_2,
- C_POT_3, C_POT_COOKING, C_POT_READY, C_ONION, C_PLATE, C_SOUP, C_AGENT_0, C_AGENT_1, C_FACING) = range(17)
+(
+    C_FLOOR,
+    C_COUNTER,
+    C_ONION_DISPENSER,
+    C_PLATE_DISPENSER,
+    C_SERVING,
+    C_POT_EMPTY,
+    C_POT_1,
+    C_POT_2,
+    C_POT_3,
+    C_POT_COOKING,
+    C_POT_READY,
+    C_ONION,
+    C_PLATE,
+    C_SOUP,
+    C_AGENT_0,
+    C_AGENT_1,
+    C_FACING,
+) = range(17)
 PALETTE = jnp.array(
     [
         (235, 225, 200),  # floor
@@ -375,9 +390,7 @@ class Overcooked(MultiAgentEnv):
             start_cooking_interaction=True,
             negative_rewards=False,
         )
-        self.layout_info = _layout_info(
-            layout, np.asarray(core_layout.static_objects), core_layout.agent_positions
-        )
+        self.layout_info = _layout_info(layout, np.asarray(core_layout.static_objects), core_layout.agent_positions)
         self.height, self.width = self.layout_info.height, self.layout_info.width
 
     # -- MultiAgentEnv API ---------------------------------------------------------------------------
@@ -409,8 +422,13 @@ class Overcooked(MultiAgentEnv):
         return obs, state
 
     @partial(jax.jit, static_argnums=(0,))
-    def step(self, key: jax.Array, state: OvercookedState, actions: dict[str, jax.Array],
-             reset_state: OvercookedState | None = None):
+    def step(
+        self,
+        key: jax.Array,
+        state: OvercookedState,
+        actions: dict[str, jax.Array],
+        reset_state: OvercookedState | None = None,
+    ):
         """``step_env`` plus auto-reset when ``dones["__all__"]`` (JaxMARL ``MultiAgentEnv.step`` semantics).
 
         Unlike the base class, the reset branch runs under ``lax.cond``, so an unbatched step does not

@@ -126,8 +126,9 @@ def _baseline_env():
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -144,8 +145,12 @@ def parse_args(argv: list[str] | None) -> Args:
     ap.add_argument("--n-envs", nargs="+", type=int, default=list(d.n_envs), help="numbers of parallel environments")
     ap.add_argument("--steps", type=int, default=d.steps, help="environment steps per timed call (the scan length)")
     ap.add_argument("--reps", type=int, default=d.reps, help="timed calls per configuration")
-    ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=d.baseline,
-                    help="also time bare JaxMARL OvercookedV2 (Asymmetric Advantages)")
+    ap.add_argument(
+        "--baseline",
+        action=argparse.BooleanOptionalAction,
+        default=d.baseline,
+        help="also time bare JaxMARL OvercookedV2 (Asymmetric Advantages)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="optional JSON file for the results")
     ap.add_argument("--seed", type=int, default=d.seed, help="PRNG seed")
     a = ap.parse_args(argv)
@@ -156,8 +161,15 @@ def parse_args(argv: list[str] | None) -> Args:
         positive("--n-envs", n)
     positive("--steps", a.steps)
     positive("--reps", a.reps)
-    return Args(games=tuple(a.games), n_envs=tuple(a.n_envs), steps=a.steps, reps=a.reps, baseline=a.baseline,
-                out=a.out, seed=a.seed)
+    return Args(
+        games=tuple(a.games),
+        n_envs=tuple(a.n_envs),
+        steps=a.steps,
+        reps=a.reps,
+        baseline=a.baseline,
+        out=a.out,
+        seed=a.seed,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,14 +194,18 @@ def main(argv: list[str] | None = None) -> None:
         rows = time_envs(envs, n, args.steps, args.reps, args.seed)
         for name, row in rows.items():
             results[name].append(row)
-            print(f"{name:28s} n_envs={n:5d}  {row['steps_per_s_mean']:>12,.0f} ± {row['steps_per_s_std']:>9,.0f} "
-                  f"steps/s   (first call {row['first_call_s']:.1f} s)", flush=True)
+            print(
+                f"{name:28s} n_envs={n:5d}  {row['steps_per_s_mean']:>12,.0f} ± {row['steps_per_s_std']:>9,.0f} "
+                f"steps/s   (first call {row['first_call_s']:.1f} s)",
+                flush=True,
+            )
     if args.baseline:
         base = {r["n_envs"]: r["steps_per_s_mean"] for r in results[BASELINE]}
         print("\n# ratio to bare JaxMARL OvercookedV2 (AA), same policy, same run")
         for name in args.games:
-            ratios = "  ".join(f"{r['n_envs']}: {r['steps_per_s_mean'] / base[r['n_envs']]:.2f}x"
-                               for r in results[name])
+            ratios = "  ".join(
+                f"{r['n_envs']}: {r['steps_per_s_mean'] / base[r['n_envs']]:.2f}x" for r in results[name]
+            )
             print(f"{name:28s} {ratios}")
     meta["wall_s"] = time.perf_counter() - t_start
     if args.out:

@@ -32,8 +32,9 @@ import numpy as np
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent
+        ).stdout.strip()
     except OSError:
         return ""
 
@@ -58,7 +59,7 @@ def bare_forward_batches(roller, res, policy) -> list[tuple]:
         b = rollout._rows_bucket(len(ts))
         ids, mask = rollout.left_pad(suffix, roller.pad_id, b, tp)
         rows = np.zeros((b,), np.int32)
-        rows[:len(ts)] = policy.adapter_ids(np.array([t["aid"] for t in ts]), reference=False)
+        rows[: len(ts)] = policy.adapter_ids(np.array([t["aid"] for t in ts]), reference=False)
         out.append((ids, mask, rows, len(ts)))
     return out
 
@@ -108,15 +109,18 @@ def main(argv: list[str] | None = None) -> None:
     import jax.numpy as jnp
 
     import envs_jax
-    from jaxopt_marl import burnin, compiled_rollout as cr, guards as G, options, rollout
+    from jaxopt_marl import burnin, options, rollout
+    from jaxopt_marl import compiled_rollout as cr
+    from jaxopt_marl import guards as G
     from lora import LoRAConfig, split_model
 
     n = 2 if args.game.startswith("overcooked") else 7
     env = envs_jax.make(args.game, max_steps=args.steps)
     lib = options.get_library(args.game, env)
     t0 = time.perf_counter()
-    bi = burnin.run_burnin(lib, env, args.burnin_episodes, args.burnin_episodes, seed=args.seed, chunk=100,
-                           num_steps=args.steps)
+    bi = burnin.run_burnin(
+        lib, env, args.burnin_episodes, args.burnin_episodes, seed=args.seed, chunk=100, num_steps=args.steps
+    )
     guards = burnin.synthesize(lib, bi.codes)
     compiled_guards = G.compile_guards(guards, lib.vocab)
     print(f"burn-in: {bi.decisions} decisions, {len(guards)} guards ({time.perf_counter() - t0:.1f} s)")
@@ -126,17 +130,22 @@ def main(argv: list[str] | None = None) -> None:
     pcfg = rollout.PolicyConfig(mode=args.mode, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     chunks = cr.ChunkConfig.for_backend(rows=args.rollouts * n, mode=args.mode)
     if args.rows or args.length_step or args.pad_rows:
-        chunks = cr.ChunkConfig(row_sizes=tuple(int(x) for x in args.rows.split(",")) if args.rows
-                                else chunks.row_sizes, pad_rows=args.pad_rows or chunks.pad_rows,
-                                length_step=args.length_step or chunks.length_step)
-    roller = cr.CompiledRoller(args.game, env, lib, compiled_guards, model, tok, pcfg, menu_seed=args.seed,
-                               batch=args.rollouts, chunks=chunks)
+        chunks = cr.ChunkConfig(
+            row_sizes=tuple(int(x) for x in args.rows.split(",")) if args.rows else chunks.row_sizes,
+            pad_rows=args.pad_rows or chunks.pad_rows,
+            length_step=args.length_step or chunks.length_step,
+        )
+    roller = cr.CompiledRoller(
+        args.game, env, lib, compiled_guards, model, tok, pcfg, menu_seed=args.seed, batch=args.rollouts, chunks=chunks
+    )
     seeds = list(range(1000, 1000 + args.rollouts))
     key = jax.random.PRNGKey(args.seed)
     _, adapters, base = split_model(model)
     device = jax.devices()[0]
-    print(f"bench rollout: {args.game} mode={args.mode} model={args.model} K={args.rollouts} T={args.steps} "
-          f"device={device.platform}:{device.device_kind} chunks={chunks} prompt limit {roller.prompt.max_len}")
+    print(
+        f"bench rollout: {args.game} mode={args.mode} model={args.model} K={args.rollouts} T={args.steps} "
+        f"device={device.platform}:{device.device_kind} chunks={chunks} prompt limit {roller.prompt.max_len}"
+    )
 
     # 1. Compiled rollout: warm-up (compile) then the median of the timed calls.
     t0 = time.perf_counter()
@@ -150,9 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     compiled_s = float(np.median(times))
     res = roller._result([jax.device_get(out)], [args.rollouts], [out], seeds, 0, False, compiled_s)
     decisions, waves = res.num_decisions, res.waves
-    print(f"compiled: {decisions} decisions in {waves} waves, {compiled_s:.3f} s (median of {args.repeats}; "
-          f"first call {compile_s:.1f} s with compile) -> {decisions / compiled_s:.1f} decisions/s, "
-          f"{1e3 * compiled_s / max(waves, 1):.2f} ms/wave; returns {res.returns.tolist()}")
+    print(
+        f"compiled: {decisions} decisions in {waves} waves, {compiled_s:.3f} s (median of {args.repeats}; "
+        f"first call {compile_s:.1f} s with compile) -> {decisions / compiled_s:.1f} decisions/s, "
+        f"{1e3 * compiled_s / max(waves, 1):.2f} ms/wave; returns {res.returns.tolist()}"
+    )
     if args.traces:
         from jaxopt_marl.trainer import _write_jsonl
 
@@ -168,8 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         last = None
         for ids, mask, rows, _ in batches:
             cache = policy._prefix_cache(rows, ids.shape[1])
-            last = rollout._letter_logprobs(policy.graphdef, policy.state, jnp.asarray(ids), jnp.asarray(mask),
-                                            jnp.asarray(rows), cache, letter_ids)
+            last = rollout._letter_logprobs(
+                policy.graphdef, policy.state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(rows), cache, letter_ids
+            )
             jax.block_until_ready(last)
         return last
 
@@ -188,39 +200,69 @@ def main(argv: list[str] | None = None) -> None:
         hsteps = args.host_steps or args.steps
         henv = envs_jax.make(args.game, max_steps=hsteps)
         hlib = options.get_library(args.game, henv)
-        host = rollout.Roller(args.game, henv, hlib, G.compile_guards(guards, hlib.vocab), policy,
-                              menu_seed=args.seed)
+        host = rollout.Roller(args.game, henv, hlib, G.compile_guards(guards, hlib.vocab), policy, menu_seed=args.seed)
         t0 = time.perf_counter()
         cold = host.collect(seeds, key)  # warm-up: compiles a program per (rows, columns) bucket it meets
         host_cold_s = time.perf_counter() - t0
-        print(f"host loop, first call (compiles included): {cold.num_decisions} decisions in {host_cold_s:.1f} s "
-              f"({1e3 * host_cold_s / max(cold.waves, 1):.0f} ms/wave)")
+        print(
+            f"host loop, first call (compiles included): {cold.num_decisions} decisions in {host_cold_s:.1f} s "
+            f"({1e3 * host_cold_s / max(cold.waves, 1):.0f} ms/wave)"
+        )
         t0 = time.perf_counter()
         hres = host.collect(seeds, key)
         host_s = time.perf_counter() - t0
         host_dec = hres.num_decisions
-        print(f"host loop: {host_dec} decisions in {host_s:.2f} s (T={hsteps}) -> {host_dec / host_s:.2f} "
-              f"decisions/s; of which LLM {hres.llm_seconds:.2f} s")
+        print(
+            f"host loop: {host_dec} decisions in {host_s:.2f} s (T={hsteps}) -> {host_dec / host_s:.2f} "
+            f"decisions/s; of which LLM {hres.llm_seconds:.2f} s"
+        )
 
     result = {
-        "game": args.game, "mode": args.mode, "model": args.model, "rollouts": args.rollouts, "steps": args.steps,
-        "decisions": decisions, "waves": waves, "compiled_s": compiled_s, "compile_s": compile_s,
-        "compiled_decisions_per_s": decisions / compiled_s, "ms_per_wave": 1e3 * compiled_s / max(waves, 1),
-        "bare_forward_s": bare_s, "bare_forward_decisions_per_s": decisions / bare_s,
+        "game": args.game,
+        "mode": args.mode,
+        "model": args.model,
+        "rollouts": args.rollouts,
+        "steps": args.steps,
+        "decisions": decisions,
+        "waves": waves,
+        "compiled_s": compiled_s,
+        "compile_s": compile_s,
+        "compiled_decisions_per_s": decisions / compiled_s,
+        "ms_per_wave": 1e3 * compiled_s / max(waves, 1),
+        "bare_forward_s": bare_s,
+        "bare_forward_decisions_per_s": decisions / bare_s,
         "compiled_vs_bare": bare_s / compiled_s,
         "host_steps": args.host_steps or args.steps if host_s is not None else None,
-        "host_s": host_s, "host_first_call_s": host_cold_s, "host_decisions": host_dec,
+        "host_s": host_s,
+        "host_first_call_s": host_cold_s,
+        "host_decisions": host_dec,
         "host_decisions_per_s": (host_dec / host_s) if host_s else None,
         "compiled_vs_host": ((decisions / compiled_s) / (host_dec / host_s)) if host_s else None,
-        "parse_mismatch": res.parse_mismatch, "prompt_limit": roller.prompt.max_len,
-        "chunks": {"row_sizes": list(chunks.row_sizes), "pad_rows": chunks.pad_rows,
-                   "length_step": chunks.length_step},
-        "device": f"{device.platform}:{device.device_kind}", "jax": jax.__version__, "commit": _commit(),
-        "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
+        "parse_mismatch": res.parse_mismatch,
+        "prompt_limit": roller.prompt.max_len,
+        "chunks": {"row_sizes": list(chunks.row_sizes), "pad_rows": chunks.pad_rows, "length_step": chunks.length_step},
+        "device": f"{device.platform}:{device.device_kind}",
+        "jax": jax.__version__,
+        "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "cpus": os.cpu_count(),
     }
-    print(json.dumps({k: result[k] for k in ("compiled_decisions_per_s", "host_decisions_per_s",
-                                             "bare_forward_decisions_per_s", "compiled_vs_host", "compiled_vs_bare",
-                                             "ms_per_wave")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "compiled_decisions_per_s",
+                    "host_decisions_per_s",
+                    "bare_forward_decisions_per_s",
+                    "compiled_vs_host",
+                    "compiled_vs_bare",
+                    "ms_per_wave",
+                )
+            },
+            indent=1,
+        )
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

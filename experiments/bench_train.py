@@ -42,9 +42,20 @@ from lora import Decoder, LoRAConfig, ModelConfig, split_model
 
 SHAPES = {
     # Qwen3-4B(-Instruct-2507) config.json: 36 layers, d 2560, 32 q / 8 kv heads of 128, MLP 9728.
-    "qwen3_4b": dict(architecture="qwen3", vocab_size=151936, hidden_size=2560, num_layers=36,
-                     num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=9728,
-                     rope_theta=5e6, rms_norm_eps=1e-6, tie_embeddings=True, qk_norm=True),
+    "qwen3_4b": dict(
+        architecture="qwen3",
+        vocab_size=151936,
+        hidden_size=2560,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        rope_theta=5e6,
+        rms_norm_eps=1e-6,
+        tie_embeddings=True,
+        qk_norm=True,
+    ),
     "smollm2_135m": dict(ModelConfig.smollm2_135m().__dict__),
     "tiny": dict(ModelConfig.tiny().__dict__),
 }
@@ -74,8 +85,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rank", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--shared-prefix", type=int, default=0,
-                   help="P: the first P prompt tokens are shared; also time the prefix-cached round")
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="P: the first P prompt tokens are shared; also time the prefix-cached round",
+    )
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -88,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = ModelConfig(**SHAPES[a.shape])
     dtype = jnp.bfloat16 if a.dtype == "bfloat16" else jnp.float32
     t0 = time.perf_counter()
-    model = Decoder(cfg, LoRAConfig(num_adapters=a.agents, rank=a.rank, alpha=2.0 * a.rank),
-                    dtype=dtype, rngs=nnx.Rngs(0))
+    model = Decoder(
+        cfg, LoRAConfig(num_adapters=a.agents, rank=a.rank, alpha=2.0 * a.rank), dtype=dtype, rngs=nnx.Rngs(0)
+    )
     graphdef, adapters, base = split_model(model)
     del model
     init_s = time.perf_counter() - t0
@@ -105,9 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     shared = rng.integers(1, cfg.vocab_size, a.shared_prefix).tolist()
     prompts = [shared + rng.integers(1, cfg.vocab_size, tp - a.shared_prefix).tolist() for _ in range(d)]
     responses = [rng.integers(1, cfg.vocab_size, tr).tolist() for _ in range(d)]
-    batch = train_step.pack_decisions(prompts, responses, np.arange(d) % a.agents,
-                                      rng.standard_normal(d).astype(np.float32),
-                                      prompt_len=tp, response_len=tr)
+    batch = train_step.pack_decisions(
+        prompts,
+        responses,
+        np.arange(d) % a.agents,
+        rng.standard_normal(d).astype(np.float32),
+        prompt_len=tp,
+        response_len=tr,
+    )
     batch = train_step.shard_batch(batch, mesh)
 
     def timed(fn, *args):
@@ -137,17 +158,36 @@ def main(argv: list[str] | None = None) -> None:
     fwd_flops = body + head
     peak = _peak(a.dtype, a.peak_tflops)
     res = {
-        "device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "shape": a.shape,
-        "dtype": a.dtype, "decisions": d, "prompt_len": tp, "response_len": tr, "agents": a.agents,
-        "rank": a.rank, "tokens": tokens, "init_s": init_s, "first_prepare_s": first_prepare_s,
-        "first_update_s": first_update_s, "forward_s": fwd_s, "update_s": upd_s,
-        "forward_tflops": fwd_flops / fwd_s / 1e12, "update_executed_tflops": 2 * fwd_flops / upd_s / 1e12,
-        "update_6n_tflops": 3 * fwd_flops / upd_s / 1e12, "tokens_per_s_update": tokens / upd_s,
+        "device": jax.devices()[0].device_kind,
+        "backend": jax.default_backend(),
+        "shape": a.shape,
+        "dtype": a.dtype,
+        "decisions": d,
+        "prompt_len": tp,
+        "response_len": tr,
+        "agents": a.agents,
+        "rank": a.rank,
+        "tokens": tokens,
+        "init_s": init_s,
+        "first_prepare_s": first_prepare_s,
+        "first_update_s": first_update_s,
+        "forward_s": fwd_s,
+        "update_s": upd_s,
+        "forward_tflops": fwd_flops / fwd_s / 1e12,
+        "update_executed_tflops": 2 * fwd_flops / upd_s / 1e12,
+        "update_6n_tflops": 3 * fwd_flops / upd_s / 1e12,
+        "tokens_per_s_update": tokens / upd_s,
     }
     if a.shared_prefix:
-        cut = train_step.pack_decisions(prompts, responses, np.arange(d) % a.agents,
-                                        np.asarray(batch.advantages), prompt_len=tp - a.shared_prefix,
-                                        response_len=tr, prefix=shared)
+        cut = train_step.pack_decisions(
+            prompts,
+            responses,
+            np.arange(d) % a.agents,
+            np.asarray(batch.advantages),
+            prompt_len=tp - a.shared_prefix,
+            response_len=tr,
+            prefix=shared,
+        )
         cut = train_step.shard_batch(cut, mesh)
 
         def round_of(b):
@@ -156,13 +196,19 @@ def main(argv: list[str] | None = None) -> None:
 
         _, whole_round_s = timed(round_of, batch)
         _, prefix_round_s = timed(round_of, cut)
-        res |= {"shared_prefix": a.shared_prefix, "round_whole_rows_s": whole_round_s,
-                "round_prefix_cached_s": prefix_round_s, "prefix_round_speedup": whole_round_s / prefix_round_s}
+        res |= {
+            "shared_prefix": a.shared_prefix,
+            "round_whole_rows_s": whole_round_s,
+            "round_prefix_cached_s": prefix_round_s,
+            "prefix_round_speedup": whole_round_s / prefix_round_s,
+        }
     if peak:
-        res |= {"peak_tflops": peak / 1e12,
-                "forward_mfu": fwd_flops / fwd_s / peak,
-                "update_mfu_executed": 2 * fwd_flops / upd_s / peak,
-                "update_mfu_6n": 3 * fwd_flops / upd_s / peak}
+        res |= {
+            "peak_tflops": peak / 1e12,
+            "forward_mfu": fwd_flops / fwd_s / peak,
+            "update_mfu_executed": 2 * fwd_flops / upd_s / peak,
+            "update_mfu_6n": 3 * fwd_flops / upd_s / peak,
+        }
     for k, v in res.items():
         print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
     if a.out:

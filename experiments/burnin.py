@@ -52,13 +52,24 @@ class Args:
 
 def parse_args(argv: list[str]) -> Args:
     """:class:`Args` from the command line; a bad or missing flag is an :class:`InputError`."""
-    ap = ArgParser(prog=PROG, description="Uniform-over-menu burn-in and guard synthesis for one game "
-                                          "(paper §5.1): records.parquet, guards.jsonl, burnin.json in --out.")
+    ap = ArgParser(
+        prog=PROG,
+        description="Uniform-over-menu burn-in and guard synthesis for one game "
+        "(paper §5.1): records.parquet, guards.jsonl, burnin.json in --out.",
+    )
     ap.add_argument("--game", required=True, help=f"one of {', '.join(GAMES)}")
-    ap.add_argument("--episodes", type=int, default=2000,
-                    help="episodes of each kind: this many solo plus this many all-agent episodes (default 2000)")
-    ap.add_argument("--out", type=Path, default=Path("runs/burnin"),
-                    help="output directory: records.parquet, guards.jsonl, burnin.json (default runs/burnin)")
+    ap.add_argument(
+        "--episodes",
+        type=int,
+        default=2000,
+        help="episodes of each kind: this many solo plus this many all-agent episodes (default 2000)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/burnin"),
+        help="output directory: records.parquet, guards.jsonl, burnin.json (default runs/burnin)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     ap.add_argument("--chunk", type=int, default=1000, help="episodes per jitted call, bounds memory (default 1000)")
     ap.add_argument("--steps", type=int, default=None, help="steps per episode (default: the game's episode length)")
@@ -93,11 +104,14 @@ def main(args: Args) -> dict:
         import envs_jax
 
         env = envs_jax.make(args.game)
-    print(f"burn-in: game={args.game} episodes={args.episodes} solo + {args.episodes} joint, seed={args.seed}, "
-          f"device={jax.devices()[0]}, out={args.out}")
+    print(
+        f"burn-in: game={args.game} episodes={args.episodes} solo + {args.episodes} joint, seed={args.seed}, "
+        f"device={jax.devices()[0]}, out={args.out}"
+    )
     t0 = time.perf_counter()
-    result = burnin.run_burnin(lib, env, args.episodes, args.episodes, seed=args.seed, chunk=args.chunk,
-                               num_steps=args.steps, progress=True)
+    result = burnin.run_burnin(
+        lib, env, args.episodes, args.episodes, seed=args.seed, chunk=args.chunk, num_steps=args.steps, progress=True
+    )
     t_run = time.perf_counter() - t0
     t1 = time.perf_counter()
     guards = burnin.synthesize(lib, result.codes)
@@ -120,8 +134,10 @@ def main(args: Args) -> dict:
         "seed": args.seed,
     }
     (args.out / "burnin.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{result.decisions} decisions in {t_run:.2f} s ({summary['decisions_per_s']:.0f}/s, compile included); "
-          f"{len(guards)} guards in {t_guards:.2f} s")
+    print(
+        f"{result.decisions} decisions in {t_run:.2f} s ({summary['decisions_per_s']:.0f}/s, compile included); "
+        f"{len(guards)} guards in {t_guards:.2f} s"
+    )
     print(f"wrote {rec_path}, {guard_path}, {args.out / 'burnin.json'}")
     return summary
 

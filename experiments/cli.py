@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 # Exit status of InputError from the command line (argparse's for bad usage).
 INPUT_ERROR_STATUS = 2
@@ -37,8 +37,11 @@ class ArgParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.add_argument(DEBUG_FLAG, action="store_true",
-                          help="on bad input, also print the traceback (default: one line 'error: ...')")
+        self.add_argument(
+            DEBUG_FLAG,
+            action="store_true",
+            help="on bad input, also print the traceback (default: one line 'error: ...')",
+        )
 
     def error(self, message: str):
         """Raises :class:`InputError` with argparse's ``message`` (e.g. ``argument --seed: invalid int value:

@@ -168,8 +168,10 @@ class RunConfig:
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.solo_episodes <= self.eval_episodes:
-            raise InputError(f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
-                             f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)")
+            raise InputError(
+                f"solo_episodes must be in 0..eval_episodes ({self.eval_episodes}), got "
+                f"{self.solo_episodes} (the solo test reuses the evaluation's seeds)"
+            )
 
     @property
     def reduced_budget(self) -> bool:
@@ -185,7 +187,7 @@ class RunConfig:
         """Units of the team return: soups delivered (Overcooked) or apples eaten (Cleanup, Harvest)."""
         return "deliveries" if self.overcooked else "apples"
 
-    def replace(self, **kw) -> "RunConfig":
+    def replace(self, **kw) -> RunConfig:
         """A copy with ``kw`` replaced; ``kw`` may name :attr:`magrpo`'s fields flat (``num_rollouts=2``)."""
         m = {k: kw.pop(k) for k in list(kw) if k in MAGRPO_FIELDS}
         out = dataclasses.replace(self, **kw)
@@ -198,19 +200,27 @@ class RunConfig:
         return {**d, **m}
 
     @classmethod
-    def paper(cls, game: str, **kw) -> "RunConfig":
+    def paper(cls, game: str, **kw) -> RunConfig:
         """§6.1 hyper-parameters (the update's: :meth:`jaxopt_marl.magrpo.MAGRPOConfig.paper`)."""
         check_game(game)
         # The solo test shrinks with a smaller --eval-episodes (it reuses the evaluation's seeds).
         solo = min(SOLO_PAPER.get(game, 2), max(int(kw.get("eval_episodes", PAPER_EVAL_EPISODES)), 0))
-        p = cls(game=game, preset="paper", episode_steps=EPISODE_STEPS.get(game, 150), rounds=100,
-                lora_rank=16 if game.startswith("overcooked") else 32, mode="sample", burnin_episodes=2000,
-                eval_episodes=PAPER_EVAL_EPISODES, solo_episodes=solo,
-                magrpo=MAGRPOConfig.paper(game, micro_batch=MICRO_BATCH))
+        p = cls(
+            game=game,
+            preset="paper",
+            episode_steps=EPISODE_STEPS.get(game, 150),
+            rounds=100,
+            lora_rank=16 if game.startswith("overcooked") else 32,
+            mode="sample",
+            burnin_episodes=2000,
+            eval_episodes=PAPER_EVAL_EPISODES,
+            solo_episodes=solo,
+            magrpo=MAGRPOConfig.paper(game, micro_batch=MICRO_BATCH),
+        )
         return p.replace(**kw)
 
     @classmethod
-    def cpu(cls, game: str, **kw) -> "RunConfig":
+    def cpu(cls, game: str, **kw) -> RunConfig:
         """The paper's optimiser settings on a budget for 2 CPU cores (about 30 minutes for Cleanup, README)."""
         # Measured on 2 idle cores with SmolLM2-135M (2026-11-30): a decision's prompt is ~245 tokens after the
         # 110-token system turn; rollouts ~1.2-2 decisions/s (letter-only scoring), the update ~2.8 s per decision
@@ -221,21 +231,54 @@ class RunConfig:
         # needs 3 onions, 20 cooking steps, a dish and a delivery.
         p = cls.paper(game)
         steps = {"cleanup": 30, "harvest": 20}.get(game, 80)
-        return p.replace(**{**dict(preset="cpu", episode_steps=steps, rounds=2, num_rollouts=2, epochs=1,
-                                   mode="choice_only", burnin_episodes=100, eval_episodes=2, eval_base=True,
-                                   skip_zero_advantage=True, solo_episodes=1), **kw})
+        return p.replace(
+            **{
+                **dict(
+                    preset="cpu",
+                    episode_steps=steps,
+                    rounds=2,
+                    num_rollouts=2,
+                    epochs=1,
+                    mode="choice_only",
+                    burnin_episodes=100,
+                    eval_episodes=2,
+                    eval_base=True,
+                    skip_zero_advantage=True,
+                    solo_episodes=1,
+                ),
+                **kw,
+            }
+        )
 
     @classmethod
-    def smoke(cls, game: str, **kw) -> "RunConfig":
+    def smoke(cls, game: str, **kw) -> RunConfig:
         """A few minutes: a tiny budget that tests the pipeline, on the tiny random model unless ``model`` is
         given (None = SmolLM2-135M-Instruct: the run warns that the budget is meaningless for a real model)."""
         p = cls.paper(game)
-        return p.replace(**{**dict(preset="smoke", model=TINY_RANDOM, episode_steps=12, rounds=2, num_rollouts=2,
-                                   lora_rank=2, learning_rate=1e-2, mode="sample", max_new_tokens=8, burnin_episodes=8,
-                                   eval_episodes=2, eval_base=True, solo_episodes=1, chunking="single"), **kw})
+        return p.replace(
+            **{
+                **dict(
+                    preset="smoke",
+                    model=TINY_RANDOM,
+                    episode_steps=12,
+                    rounds=2,
+                    num_rollouts=2,
+                    lora_rank=2,
+                    learning_rate=1e-2,
+                    mode="sample",
+                    max_new_tokens=8,
+                    burnin_episodes=8,
+                    eval_episodes=2,
+                    eval_base=True,
+                    solo_episodes=1,
+                    chunking="single",
+                ),
+                **kw,
+            }
+        )
 
     @classmethod
-    def from_preset(cls, preset: str, game: str, **kw) -> "RunConfig":
+    def from_preset(cls, preset: str, game: str, **kw) -> RunConfig:
         if preset not in PRESETS:
             raise InputError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
         check_game(game)
@@ -258,16 +301,25 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
     """The runs' flags; a bad value or unknown flag is an :class:`InputError` (:class:`experiments.cli.ArgParser`)."""
     ap = ArgParser(prog=prog, description="burn-in -> guards -> PA-MAGRPO -> evaluation -> report")
     if layout:
-        ap.add_argument("--layout", default="aa", help="Overcooked layout: aa (Asymmetric Advantages) or fc "
-                                                       "(Forced Coordination)")
+        ap.add_argument(
+            "--layout", default="aa", help="Overcooked layout: aa (Asymmetric Advantages) or fc (Forced Coordination)"
+        )
     ap.add_argument("--preset", default=None, help="paper | cpu | smoke (default: cpu without an accelerator)")
-    ap.add_argument("--model", default=None, help="HF checkpoint dir or GGUF file; 'default' = SmolLM2-135M-Instruct "
-                                                  "GGUF (the default, except for --preset smoke: 'tiny-random', a "
-                                                  "2-layer random model for tests)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="HF checkpoint dir or GGUF file; 'default' = SmolLM2-135M-Instruct "
+        "GGUF (the default, except for --preset smoke: 'tiny-random', a "
+        "2-layer random model for tests)",
+    )
     ap.add_argument("--out", default=None, help="run directory (default runs/<game>-<preset>-s<seed>)")
     ap.add_argument("--seed", type=int, default=0, help="run seed")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint (same "
-                    "flags as the run; only --rounds and the evaluation flags may change)")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint (same "
+        "flags as the run; only --rounds and the evaluation flags may change)",
+    )
     ap.add_argument("--force", action="store_true", help="delete an existing --out first")
     ap.add_argument("--rounds", type=int, default=None, help="override the preset's rounds")
     ap.add_argument("--episode-steps", type=int, default=None, help="override the preset's episode length")
@@ -275,17 +327,31 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
     ap.add_argument("--eval-episodes", type=int, default=None, help="override the evaluation episodes")
     ap.add_argument("--mode", default=None, help="override the scoring mode: sample | choice_only")
     ap.add_argument("--no-eval-base", action="store_true", help="skip the frozen-base evaluation")
-    ap.add_argument("--eval-checkpoint", default=None,
-                    help="adapters to evaluate: best (highest training-time team return, paper §6.1; default) | "
-                         "final (after the last round)")
-    ap.add_argument("--keep-checkpoints", type=int, default=2,
-                    help="main checkpoints kept on disk (>= 1, default 2; best/ holds one more); a corrupt newest "
-                         "checkpoint falls back to the previous one on --resume")
-    ap.add_argument("--solo-episodes", type=int, default=None,
-                    help="solo test (paper §6.4) on this many evaluation seeds; 0 = skip (default: the preset's)")
-    ap.add_argument("--chunking", default=None,
-                    help="the compiled rollout's model calls per wave: auto (per backend and mode) | single (one "
-                         "padded call, one compile; the smoke preset's)")
+    ap.add_argument(
+        "--eval-checkpoint",
+        default=None,
+        help="adapters to evaluate: best (highest training-time team return, paper §6.1; default) | "
+        "final (after the last round)",
+    )
+    ap.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=2,
+        help="main checkpoints kept on disk (>= 1, default 2; best/ holds one more); a corrupt newest "
+        "checkpoint falls back to the previous one on --resume",
+    )
+    ap.add_argument(
+        "--solo-episodes",
+        type=int,
+        default=None,
+        help="solo test (paper §6.4) on this many evaluation seeds; 0 = skip (default: the preset's)",
+    )
+    ap.add_argument(
+        "--chunking",
+        default=None,
+        help="the compiled rollout's model calls per wave: auto (per backend and mode) | single (one "
+        "padded call, one compile; the smoke preset's)",
+    )
     return ap
 
 
@@ -294,10 +360,16 @@ def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
     kw = {"seed": args.seed}
     if args.model is not None:  # None: the preset's (smoke: tiny-random; else SmolLM2); "default": SmolLM2
         kw["model"] = None if args.model == DEFAULT_MODEL else args.model
-    for flag, field in (("rounds", "rounds"), ("episode_steps", "episode_steps"), ("rollouts", "num_rollouts"),
-                        ("eval_episodes", "eval_episodes"), ("mode", "mode"),
-                        ("eval_checkpoint", "eval_checkpoint"), ("solo_episodes", "solo_episodes"),
-                        ("chunking", "chunking")):
+    for flag, field in (
+        ("rounds", "rounds"),
+        ("episode_steps", "episode_steps"),
+        ("rollouts", "num_rollouts"),
+        ("eval_episodes", "eval_episodes"),
+        ("mode", "mode"),
+        ("eval_checkpoint", "eval_checkpoint"),
+        ("solo_episodes", "solo_episodes"),
+        ("chunking", "chunking"),
+    ):
         if getattr(args, flag) is not None:
             kw[field] = getattr(args, flag)
     if args.no_eval_base:
@@ -395,8 +467,11 @@ def check_checkpoint(run_dir: Path, warn=None) -> int | None:
             if problem is not None:
                 raise ValueError(problem)
             files = list(meta.rglob("*")) if meta.exists() else []
-            data = [json.loads(f.read_text()) for f in files if f.is_file() and f.suffix in ("", ".json")
-                    and f.stat().st_size < 1 << 20]
+            data = [
+                json.loads(f.read_text())
+                for f in files
+                if f.is_file() and f.suffix in ("", ".json") and f.stat().st_size < 1 << 20
+            ]
             if not any(isinstance(d, dict) and "round" in d for d in data):
                 raise ValueError(f"{meta}: no readable meta with the round number")
             if not (last / "adapters").exists() or not (last / "opt_state").exists():
@@ -404,8 +479,10 @@ def check_checkpoint(run_dir: Path, warn=None) -> int | None:
         except (ValueError, OSError, UnicodeDecodeError) as e:
             bad.append(f"checkpoint {last} is corrupt: {e}")
             older = [s for s in steps if s < step]
-            warn(f"checkpoint {step} (after round {step - 1}) is corrupt: {e}; "
-                 + (f"trying checkpoint {older[0]}" if older else "no older checkpoint is left"))
+            warn(
+                f"checkpoint {step} (after round {step - 1}) is corrupt: {e}; "
+                + (f"trying checkpoint {older[0]}" if older else "no older checkpoint is left")
+            )
             continue
         return step
     raise InputError("; ".join(bad) + f"; no intact checkpoint in {ck} to resume from (use --force to start over)")
@@ -453,9 +530,11 @@ def check_resume_config(old: dict, cfg: RunConfig, conf: Path) -> None:
     diff = resume_differences(old, cfg)
     if diff:
         keys = "; ".join(f"{k}: {json.dumps(a)} in config.json, {json.dumps(b)} given" for k, (a, b) in diff.items())
-        raise InputError(f"--resume: the flags differ from {conf} in {len(diff)} key(s): {keys}. Give the run's "
-                         f"original flags (on --resume only {', '.join(sorted(RESUME_MAY_DIFFER))} may change) or "
-                         f"a new --out")
+        raise InputError(
+            f"--resume: the flags differ from {conf} in {len(diff)} key(s): {keys}. Give the run's "
+            f"original flags (on --resume only {', '.join(sorted(RESUME_MAY_DIFFER))} may change) or "
+            f"a new --out"
+        )
 
 
 def _guards_hint(guard_path: Path) -> str:
@@ -477,25 +556,30 @@ def check_resume_guards(out: Path) -> None:
     try:
         lines = guard_path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"--resume: {guard_path} is unreadable ({type(e).__name__}: {e}) "
-                         f"({_guards_hint(guard_path)})") from None
+        raise InputError(
+            f"--resume: {guard_path} is unreadable ({type(e).__name__}: {e}) ({_guards_hint(guard_path)})"
+        ) from None
     for lineno, line in enumerate(lines, start=1):
         if line.strip():
             try:
                 json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputError(f"--resume: {guard_path}:{lineno}: malformed JSON ({e.msg}): "
-                                 f"{line.strip()[:80]!r} ({_guards_hint(guard_path)})") from None
+                raise InputError(
+                    f"--resume: {guard_path}:{lineno}: malformed JSON ({e.msg}): "
+                    f"{line.strip()[:80]!r} ({_guards_hint(guard_path)})"
+                ) from None
 
 
 def smoke_warning(cfg: RunConfig) -> str | None:
     """The warning a smoke run with a real model prints (None for other presets and for ``tiny-random``)."""
     if cfg.preset != "smoke" or cfg.model == TINY_RANDOM:
         return None
-    return (f"warning: --preset smoke with a real model ({cfg.model or DEFAULT_MODEL_NAME}): the smoke budget "
-            f"({cfg.episode_steps}-step episodes, {cfg.rounds} rounds, lr {cfg.magrpo.learning_rate}, "
-            f"{cfg.max_new_tokens} new tokens) tests the pipeline, not the method; its parse rates, KL and returns "
-            f"are meaningless (use --preset cpu or paper for results)")
+    return (
+        f"warning: --preset smoke with a real model ({cfg.model or DEFAULT_MODEL_NAME}): the smoke budget "
+        f"({cfg.episode_steps}-step episodes, {cfg.rounds} rounds, lr {cfg.magrpo.learning_rate}, "
+        f"{cfg.max_new_tokens} new tokens) tests the pipeline, not the method; its parse rates, KL and returns "
+        f"are meaningless (use --preset cpu or paper for results)"
+    )
 
 
 def check_stats() -> None:
@@ -529,8 +613,7 @@ def _summary(values) -> dict:
 
     v = np.asarray(values, np.float64)
     v = v[~np.isnan(v)]
-    return {"mean": float(v.mean()) if v.size else float("nan"),
-            "std": float(v.std(ddof=1)) if v.size > 1 else 0.0}
+    return {"mean": float(v.mean()) if v.size else float("nan"), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0}
 
 
 def episode_metrics(game: str, res) -> list[dict]:
@@ -540,18 +623,28 @@ def episode_metrics(game: str, res) -> list[dict]:
     from jaxopt_marl import audit, metrics
 
     rew, alive = res.traj["rewards"], res.traj["alive"]
-    eff, eq, sus, pc = (metrics.efficiency(rew), metrics.equality(rew), metrics.sustainability(rew),
-                        metrics.peace(alive))
+    eff, eq, sus, pc = (
+        metrics.efficiency(rew),
+        metrics.equality(rew),
+        metrics.sustainability(rew),
+        metrics.peace(alive),
+    )
     by_ep: dict[int, list] = {}
     for t in res.traces:
         by_ep.setdefault(t["rollout"], []).append(t)
     out = []
     for e in range(len(res.returns)):
         tr = by_ep.get(e, [])
-        row = {"seed": tr[0]["seed"] if tr else None, "team_return": float(res.returns[e]),
-               "efficiency": float(eff[e]), "equality": float(eq[e]),
-               "sustainability": None if np.isnan(sus[e]) else float(sus[e]), "peace": float(pc[e]),
-               "decisions": len(tr), "parse_fail_rate": (sum(t["parse_fail"] for t in tr) / len(tr)) if tr else 0.0}
+        row = {
+            "seed": tr[0]["seed"] if tr else None,
+            "team_return": float(res.returns[e]),
+            "efficiency": float(eff[e]),
+            "equality": float(eq[e]),
+            "sustainability": None if np.isnan(sus[e]) else float(sus[e]),
+            "peace": float(pc[e]),
+            "decisions": len(tr),
+            "parse_fail_rate": (sum(t["parse_fail"] for t in tr) / len(tr)) if tr else 0.0,
+        }
         row.update({f"final_{k}": float(v[e]) for k, v in res.stats.items() if k != "team_return"})
         if not game.startswith("overcooked"):  # apples eaten per agent (a step's reward is 0, 1 or 2 apples)
             row["agent_apples"] = [int(x) for x in audit.per_agent_apples(rew[e])[0]]
@@ -567,9 +660,14 @@ def _eval_block(game: str, res, seeds: list[int], label: str):
     for e, s in zip(eps, seeds):
         e["seed"] = s
     keys = [k for k in eps[0] if k != "seed" and not isinstance(eps[0][k], list)]
-    return EvalBlock(policy=label, seeds=list(seeds), episodes=eps,
-                     summary={k: _summary([e[k] if e[k] is not None else float("nan") for e in eps]) for k in keys},
-                     parse=res.parse.as_dict(), seconds=res.seconds)
+    return EvalBlock(
+        policy=label,
+        seeds=list(seeds),
+        episodes=eps,
+        summary={k: _summary([e[k] if e[k] is not None else float("nan") for e in eps]) for k in keys},
+        parse=res.parse.as_dict(),
+        seconds=res.seconds,
+    )
 
 
 def _eval_stats(cfg: RunConfig, trained, base) -> dict:
@@ -577,9 +675,14 @@ def _eval_stats(cfg: RunConfig, trained, base) -> dict:
     the frozen base (None if not run) on the same seeds, and their two-sided Mann–Whitney U test."""
     from jaxopt_marl import stats
 
-    return stats.eval_stats(trained.team_returns, None if base is None else base.team_returns, seeds=trained.seeds,
-                            metric="team_return", units=cfg.units,
-                            labels=(trained.policy, base.policy if base is not None else "frozen_base"))
+    return stats.eval_stats(
+        trained.team_returns,
+        None if base is None else base.team_returns,
+        seeds=trained.seeds,
+        metric="team_return",
+        units=cfg.units,
+        labels=(trained.policy, base.policy if base is not None else "frozen_base"),
+    )
 
 
 def _eval_trajectories(env, roller, seeds: list[int], key, option_names, trained_res, base_res):
@@ -597,43 +700,78 @@ def _eval_trajectories(env, roller, seeds: list[int], key, option_names, trained
         t = res.traj
         apples = None
         if pid is not None:
-            views = [roller.replay_view(s, key, t["actions"][k], lambda st: (st.apples, st.ate), "apples_ate")
-                     for k, s in enumerate(seeds)]
+            views = [
+                roller.replay_view(s, key, t["actions"][k], lambda st: (st.apples, st.ate), "apples_ate")
+                for k, s in enumerate(seeds)
+            ]
             apples = np.stack([v[0] for v in views])
             ate = np.stack([v[1] for v in views]).astype(np.float32)
             played = (np.asarray(t["actions"]) >= 0).any(axis=-1)  # [E, T] steps before the episode's end
             if not np.array_equal(ate[played], np.asarray(t["rewards"], np.float32)[played]):
-                print(f"warning: the replayed {label} episodes eat other apples than recorded; no apple grids in "
-                      f"eval_traj.npz", file=sys.stderr)
+                print(
+                    f"warning: the replayed {label} episodes eat other apples than recorded; no apple grids in "
+                    f"eval_traj.npz",
+                    file=sys.stderr,
+                )
                 apples = None
-        return artifacts.PolicyTrajectories(positions=t["positions"], rewards=t["rewards"], alive=t["alive"],
-                                            options=t["options"], actions=t["actions"], apples=apples)
+        return artifacts.PolicyTrajectories(
+            positions=t["positions"],
+            rewards=t["rewards"],
+            alive=t["alive"],
+            options=t["options"],
+            actions=t["actions"],
+            apples=apples,
+        )
 
-    return artifacts.EvalTrajectories(seeds=seeds, option_names=tuple(option_names), walls=walls, terrain=terrain,
-                                      patch_id=pid, trained=policy(trained_res, "trained"),
-                                      base=None if base_res is None else policy(base_res, "frozen base"))
+    return artifacts.EvalTrajectories(
+        seeds=seeds,
+        option_names=tuple(option_names),
+        walls=walls,
+        terrain=terrain,
+        patch_id=pid,
+        trained=policy(trained_res, "trained"),
+        base=None if base_res is None else policy(base_res, "frozen base"),
+    )
 
 
 def _minimal_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: dict) -> str:
     lines = [f"# {cfg.game} run `{run_dir.name}`", ""]
     if cfg.reduced_budget:
-        lines += [f"**Reduced budget (preset `{cfg.preset}`)**: {cfg.rounds} rounds of "
-                  f"K={cfg.magrpo.num_rollouts} rollouts of {cfg.episode_steps} steps, scoring `{cfg.mode}`, "
-                  f"{cfg.eval_episodes} evaluation episodes. Not the paper's budget (§6.1); numbers are not "
-                  f"comparable to the paper's.", ""]
-    lines += ["## Training", "", "| round | return mean | return std | decisions | parse fail | kl | clip frac | "
-              "decisions/s | round s |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**Reduced budget (preset `{cfg.preset}`)**: {cfg.rounds} rounds of "
+            f"K={cfg.magrpo.num_rollouts} rollouts of {cfg.episode_steps} steps, scoring `{cfg.mode}`, "
+            f"{cfg.eval_episodes} evaluation episodes. Not the paper's budget (§6.1); numbers are not "
+            f"comparable to the paper's.",
+            "",
+        ]
+    lines += [
+        "## Training",
+        "",
+        "| round | return mean | return std | decisions | parse fail | kl | clip frac | decisions/s | round s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m in metrics_lines:
-        lines.append(f"| {m['round']} | {m['train/return_mean']:.2f} | {m['train/return_std']:.2f} | "
-                     f"{m['train/decisions']} | {m['train/parse_fail_rate']:.3f} | {m['train/kl']:.4f} | "
-                     f"{m['train/clip_frac']:.3f} | {m['perf/decisions_per_s']:.2f} | {m['perf/round_s']:.1f} |")
-    lines += ["", "## Evaluation", "", f"Seeds {ev['seeds'][0]}-{ev['seeds'][-1]}.", "",
-              "| policy | team return | efficiency | equality | peace | parse fail |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {m['round']} | {m['train/return_mean']:.2f} | {m['train/return_std']:.2f} | "
+            f"{m['train/decisions']} | {m['train/parse_fail_rate']:.3f} | {m['train/kl']:.4f} | "
+            f"{m['train/clip_frac']:.3f} | {m['perf/decisions_per_s']:.2f} | {m['perf/round_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "## Evaluation",
+        "",
+        f"Seeds {ev['seeds'][0]}-{ev['seeds'][-1]}.",
+        "",
+        "| policy | team return | efficiency | equality | peace | parse fail |",
+        "|---|---|---|---|---|---|",
+    ]
     for block in [ev["trained"]] + ([ev["base"]] if ev.get("base") else []):
         s = block["summary"]
-        lines.append(f"| {block['policy']} | {s['team_return']['mean']:.2f} ± {s['team_return']['std']:.2f} | "
-                     f"{s['efficiency']['mean']:.3f} | {s['equality']['mean']:.3f} | {s['peace']['mean']:.2f} | "
-                     f"{s['parse_fail_rate']['mean']:.3f} |")
+        lines.append(
+            f"| {block['policy']} | {s['team_return']['mean']:.2f} ± {s['team_return']['std']:.2f} | "
+            f"{s['efficiency']['mean']:.3f} | {s['equality']['mean']:.3f} | {s['peace']['mean']:.2f} | "
+            f"{s['parse_fail_rate']['mean']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -649,18 +787,26 @@ def write_report(run_dir: Path, cfg: RunConfig, metrics_lines: list[dict], ev: d
                     text = (run_dir / "report.md").read_text()
                     if "Reduced budget" not in text:
                         (run_dir / "report.md").write_text(
-                            f"> **Reduced budget (preset `{cfg.preset}`)** — not the paper's §6.1 budget.\n\n"
-                            + text)
+                            f"> **Reduced budget (preset `{cfg.preset}`)** — not the paper's §6.1 budget.\n\n" + text
+                        )
                 return "jaxopt_marl.report"
         except Exception as e:  # the report module is written in parallel; never lose a finished run to it
-            print(f"warning: jaxopt_marl.report.write_report failed ({type(e).__name__}: {e}); "
-                  f"writing a minimal report", file=sys.stderr)
+            print(
+                f"warning: jaxopt_marl.report.write_report failed ({type(e).__name__}: {e}); writing a minimal report",
+                file=sys.stderr,
+            )
     (run_dir / "report.md").write_text(_minimal_report(run_dir, cfg, metrics_lines, ev))
     return "minimal"
 
 
-def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bool = False,
-        progress: bool = True, keep_checkpoints: int = 2) -> Path:
+def run(
+    cfg: RunConfig,
+    out: Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    keep_checkpoints: int = 2,
+) -> Path:
     """Runs the whole pipeline into ``out``; returns the run directory.
 
     ``keep_checkpoints``: main checkpoints kept on disk (>= 1; ``best/`` holds one more); a disk setting, not a
@@ -690,7 +836,8 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     import numpy as np
 
     import envs_jax
-    from jaxopt_marl import guards as G, options
+    from jaxopt_marl import guards as G
+    from jaxopt_marl import options
 
     # 0a. On --resume, the burn-in's guards are reused: a corrupt guards.jsonl stops here, naming its file and line
     # (before the heavier imports, the model and the header).
@@ -706,8 +853,9 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
             raise InputError(f"--resume: {e} ({_guards_hint(guard_path)})") from None
 
     # Compiled programs persist across runs (the 30-layer model compiles once per batch shape).
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE",
-                                                                  str(Path("runs/.jax_cache").resolve())))
+    jax.config.update(
+        "jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE", str(Path("runs/.jax_cache").resolve()))
+    )
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
     from jaxopt_marl import artifacts, audit, burnin, episode_gif, rollout, trainer
@@ -715,19 +863,27 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     from lora import LoRAConfig
 
     n_agents = 2 if cfg.overcooked else 7
-    print(f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} device={jax.devices()[0]} "
-          f"model={cfg.model or DEFAULT_MODEL_NAME} | out={out}")
+    print(
+        f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} device={jax.devices()[0]} "
+        f"model={cfg.model or DEFAULT_MODEL_NAME} | out={out}"
+    )
     mcfg = cfg.magrpo
-    print(f"  {cfg.rounds} rounds x K={mcfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {n_agents} agents, "
-          f"scoring={cfg.mode}, T={mcfg.temperature}, LoRA r={cfg.lora_rank}, lr={mcfg.learning_rate}, "
-          f"KL={mcfg.kl_beta}, clip={mcfg.clip_eps}, epochs={mcfg.epochs}")
-    print(f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
-          f"{' + frozen base' if cfg.eval_base else ''}, adapters: "
-          f"{CHECKPOINT_RULE if cfg.eval_checkpoint == 'best' else 'final (last round)'}"
-          + (f"; solo test on {cfg.solo_episodes} seed(s)" if cfg.solo_episodes else "; no solo test"))
+    print(
+        f"  {cfg.rounds} rounds x K={mcfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {n_agents} agents, "
+        f"scoring={cfg.mode}, T={mcfg.temperature}, LoRA r={cfg.lora_rank}, lr={mcfg.learning_rate}, "
+        f"KL={mcfg.kl_beta}, clip={mcfg.clip_eps}, epochs={mcfg.epochs}"
+    )
+    print(
+        f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
+        f"{' + frozen base' if cfg.eval_base else ''}, adapters: "
+        f"{CHECKPOINT_RULE if cfg.eval_checkpoint == 'best' else 'final (last round)'}"
+        + (f"; solo test on {cfg.solo_episodes} seed(s)" if cfg.solo_episodes else "; no solo test")
+    )
     if cfg.reduced_budget:
-        print(f"  NOTE: preset '{cfg.preset}' is a REDUCED BUDGET, not the paper's (§6.1); results are not "
-              f"comparable to the paper's numbers.")
+        print(
+            f"  NOTE: preset '{cfg.preset}' is a REDUCED BUDGET, not the paper's (§6.1); results are not "
+            f"comparable to the paper's numbers."
+        )
     if smoke_warning(cfg):
         print(smoke_warning(cfg), file=sys.stderr)
     if resume:
@@ -750,44 +906,81 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     except ValueError as e:
         raise InputError(str(e)) from None
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**cfg.flat_dict(), "reduced_budget": cfg.reduced_budget,
-                                                 "num_agents": n_agents, "eval_seed0": EVAL_SEED0}, indent=2) + "\n")
+    (out / "config.json").write_text(
+        json.dumps(
+            {**cfg.flat_dict(), "reduced_budget": cfg.reduced_budget, "num_agents": n_agents, "eval_seed0": EVAL_SEED0},
+            indent=2,
+        )
+        + "\n"
+    )
 
     # 1. Burn-in and guards (on --resume: those loaded in step 0b).
     if guards is not None:
         print(f"burn-in: reusing {bdir} ({len(guards)} guards)")
     else:
-        res = burnin.run_burnin(lib, env, cfg.burnin_episodes, cfg.burnin_episodes, seed=cfg.seed, chunk=100,
-                                num_steps=cfg.burnin_steps or cfg.episode_steps, progress=progress)
+        res = burnin.run_burnin(
+            lib,
+            env,
+            cfg.burnin_episodes,
+            cfg.burnin_episodes,
+            seed=cfg.seed,
+            chunk=100,
+            num_steps=cfg.burnin_steps or cfg.episode_steps,
+            progress=progress,
+        )
         guards = burnin.synthesize(lib, res.codes)
         bdir.mkdir(parents=True, exist_ok=True)
         write_records(burnin.to_table(lib, res.codes), bdir / "records.parquet")
         G.write_guards(guards, guard_path)
-        (bdir / "burnin.json").write_text(json.dumps({
-            "game": cfg.game, "episodes": res.episodes, "solo_episodes": res.solo_episodes,
-            "decisions": res.decisions, "seconds": round(res.seconds, 3),
-            "decisions_per_s": round(res.decisions_per_s, 1), "guards": len(guards), "seed": cfg.seed}, indent=2))
+        (bdir / "burnin.json").write_text(
+            json.dumps(
+                {
+                    "game": cfg.game,
+                    "episodes": res.episodes,
+                    "solo_episodes": res.solo_episodes,
+                    "decisions": res.decisions,
+                    "seconds": round(res.seconds, 3),
+                    "decisions_per_s": round(res.decisions_per_s, 1),
+                    "guards": len(guards),
+                    "seed": cfg.seed,
+                },
+                indent=2,
+            )
+        )
         print(f"burn-in: {res.decisions} decisions in {res.seconds:.1f} s; {len(guards)} guards -> {guard_path}")
     compiled = G.compile_guards(guards, lib.vocab)
 
     # 2. Policy and trainer (the model was loaded and its prompt limits checked in step 0).
-    pcfg = rollout.PolicyConfig(mode=cfg.mode, temperature=mcfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                shared_adapter=mcfg.shared_adapter)
+    pcfg = rollout.PolicyConfig(
+        mode=cfg.mode,
+        temperature=mcfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        shared_adapter=mcfg.shared_adapter,
+    )
     # The compiled rollout (one jitted program per call of K episodes, LLM included); it also plays the
     # evaluation, the frozen base and the solo test, in calls of K.
     from jaxopt_marl.compiled_rollout import ChunkConfig, CompiledRoller
 
     try:
         chunks = ChunkConfig.single(mcfg.num_rollouts * n_agents) if cfg.chunking == "single" else None
-        roller = CompiledRoller(cfg.game, env, lib, compiled, model, tok, pcfg, menu_seed=cfg.seed,
-                                batch=mcfg.num_rollouts, chunks=chunks)
+        roller = CompiledRoller(
+            cfg.game, env, lib, compiled, model, tok, pcfg, menu_seed=cfg.seed, batch=mcfg.num_rollouts, chunks=chunks
+        )
     except ValueError as e:  # prompt or menu limits, letters that are not single tokens: before any compute
         raise InputError(str(e)) from None
     policy = roller.policy
-    tr = trainer.Trainer(out, roller, mcfg, trainer.TrainConfig(rounds=cfg.rounds, seed=cfg.seed,
-                                                                skip_zero_advantage=cfg.skip_zero_advantage,
-                                                                keep_checkpoints=keep_checkpoints,
-                                                                update_progress=progress))
+    tr = trainer.Trainer(
+        out,
+        roller,
+        mcfg,
+        trainer.TrainConfig(
+            rounds=cfg.rounds,
+            seed=cfg.seed,
+            skip_zero_advantage=cfg.skip_zero_advantage,
+            keep_checkpoints=keep_checkpoints,
+            update_progress=progress,
+        ),
+    )
     if resume:
         try:
             done = tr.restore(warn)
@@ -797,10 +990,12 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
 
     # 3. Training.
     def show(m):
-        print(f"round {m['round']}: return {m['train/return_mean']:.2f} ± {m['train/return_std']:.2f} "
-              f"({m['train/decisions']} decisions, parse fail {m['train/parse_fail_rate']:.2f}, "
-              f"kl {m['train/kl']:.4f}, clip {m['train/clip_frac']:.2f}, {m['perf/decisions_per_s']:.2f} dec/s, "
-              f"{m['perf/round_s']:.0f} s{'' if m['train/updated'] else ', no update: no return spread'})")
+        print(
+            f"round {m['round']}: return {m['train/return_mean']:.2f} ± {m['train/return_std']:.2f} "
+            f"({m['train/decisions']} decisions, parse fail {m['train/parse_fail_rate']:.2f}, "
+            f"kl {m['train/kl']:.4f}, clip {m['train/clip_frac']:.2f}, {m['perf/decisions_per_s']:.2f} dec/s, "
+            f"{m['perf/round_s']:.0f} s{'' if m['train/updated'] else ', no update: no return spread'})"
+        )
 
     tr.train(progress=progress, on_round=show)
     metrics_lines = trainer.read_metrics(out / "metrics.jsonl")
@@ -809,8 +1004,12 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
     # The adapters: paper §6.1's checkpoint rule (those that played the round with the highest mean training
     # team return, ``best/``), or the final ones. ``checkpoint_round`` is the round whose rollouts they played
     # (final: the number of completed rounds, i.e. the round they would play next).
-    ck = {"eval_checkpoint": cfg.eval_checkpoint, "checkpoint_rule": "final adapters (last round)",
-          "checkpoint_round": tr.state.round, "checkpoint_train_return": None}
+    ck = {
+        "eval_checkpoint": cfg.eval_checkpoint,
+        "checkpoint_rule": "final adapters (last round)",
+        "checkpoint_round": tr.state.round,
+        "checkpoint_train_return": None,
+    }
     if cfg.eval_checkpoint == "best":
         try:
             best = tr.best_adapters()
@@ -824,69 +1023,119 @@ def run(cfg: RunConfig, out: Path | None = None, resume: bool = False, force: bo
         else:
             best_adapters, best_round, best_return = best
             policy.set_adapters(best_adapters)
-            ck.update(checkpoint_rule=CHECKPOINT_RULE, checkpoint_round=best_round,
-                      checkpoint_train_return=best_return)
-    print(f"eval adapters: {ck['checkpoint_rule']}, round {ck['checkpoint_round']}"
-          + (f" (training return {ck['checkpoint_train_return']:.2f})" if ck["checkpoint_train_return"] is not None
-             else ""))
+            ck.update(checkpoint_rule=CHECKPOINT_RULE, checkpoint_round=best_round, checkpoint_train_return=best_return)
+    print(
+        f"eval adapters: {ck['checkpoint_rule']}, round {ck['checkpoint_round']}"
+        + (
+            f" (training return {ck['checkpoint_train_return']:.2f})"
+            if ck["checkpoint_train_return"] is not None
+            else ""
+        )
+    )
     seeds = list(range(EVAL_SEED0, EVAL_SEED0 + cfg.eval_episodes))
-    eval_key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 10 ** 6)
+    eval_key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 10**6)
     ev_res = roller.collect(seeds, eval_key, round_idx=-1, progress=progress, desc="eval trained")
     artifacts.save_traces(out / "decisions" / "eval.jsonl", ev_res.traces)
     trained_block, base_block, base_res = _eval_block(cfg.game, ev_res, seeds, "trained"), None, None
     if cfg.eval_base:
-        base_res = roller.collect(seeds, eval_key, round_idx=-1, reference=True, progress=progress,
-                                  desc="eval frozen base")
+        base_res = roller.collect(
+            seeds, eval_key, round_idx=-1, reference=True, progress=progress, desc="eval frozen base"
+        )
         artifacts.save_traces(out / "decisions" / "eval_base.jsonl", base_res.traces)
         base_block = _eval_block(cfg.game, base_res, seeds, "frozen_base")
-    record = artifacts.EvalRecord(game=cfg.game, preset=cfg.preset, reduced_budget=cfg.reduced_budget, seeds=seeds,
-                                  trained=trained_block, base=base_block, **ck,
-                                  stats=_eval_stats(cfg, trained_block, base_block))
+    record = artifacts.EvalRecord(
+        game=cfg.game,
+        preset=cfg.preset,
+        reduced_budget=cfg.reduced_budget,
+        seeds=seeds,
+        trained=trained_block,
+        base=base_block,
+        **ck,
+        stats=_eval_stats(cfg, trained_block, base_block),
+    )
     record.save(out / "eval.json")
     ev = record.to_dict()
     # Solo test (paper §6.4): each agent alone on the first solo_episodes evaluation seeds (one batched collect
     # per agent, the others idled on ``wait``, same key as the evaluation); the full team's returns on those
     # seeds are the evaluation's.
     if cfg.solo_episodes > 0:
-        solo_seeds = seeds[:cfg.solo_episodes]
+        solo_seeds = seeds[: cfg.solo_episodes]
         units = cfg.units
 
         def play_solo(active, ss):
-            res = roller.collect(list(ss), eval_key, round_idx=-1, progress=progress,
-                                 desc=f"solo agent {int(np.argmax(active))}", active=active)
+            res = roller.collect(
+                list(ss),
+                eval_key,
+                round_idx=-1,
+                progress=progress,
+                desc=f"solo agent {int(np.argmax(active))}",
+                active=active,
+            )
             if cfg.overcooked:  # a delivery rewards every agent: own deliveries from the agent's decisions
-                own = np.stack([audit.successes_per_agent([t for t in res.traces if t["rollout"] == b],
-                                                          num_agents=n_agents) for b in range(len(ss))])
+                own = np.stack(
+                    [
+                        audit.successes_per_agent([t for t in res.traces if t["rollout"] == b], num_agents=n_agents)
+                        for b in range(len(ss))
+                    ]
+                )
             else:  # apples eaten (a step's reward counts the apples eaten in it)
                 own = audit.per_agent_apples(res.traj["rewards"])
             return {"team": res.returns, "agent": own}
 
-        solo = audit.solo_test(play_solo, n_agents, solo_seeds, batched=True,
-                               full_team=ev_res.returns[:len(solo_seeds)])
-        solo.record(units, game=cfg.game, **ck,
-                    idled="every other agent takes the wait option at each of its decision points (no LLM call)",
-                    full_team_source="eval.json trained episodes on the same seeds").save(out / "solo.json")
-        print(f"solo test ({units}, seeds {solo_seeds[0]}-{solo_seeds[-1]}): "
-              + ", ".join(f"agent {i} alone {m:.2f}" for i, m in enumerate(solo.summary()["solo_mean"]))
-              + f"; full team {solo.summary()['full_mean'][0]:.2f} -> {solo.verdict()}")
+        solo = audit.solo_test(
+            play_solo, n_agents, solo_seeds, batched=True, full_team=ev_res.returns[: len(solo_seeds)]
+        )
+        solo.record(
+            units,
+            game=cfg.game,
+            **ck,
+            idled="every other agent takes the wait option at each of its decision points (no LLM call)",
+            full_team_source="eval.json trained episodes on the same seeds",
+        ).save(out / "solo.json")
+        print(
+            f"solo test ({units}, seeds {solo_seeds[0]}-{solo_seeds[-1]}): "
+            + ", ".join(f"agent {i} alone {m:.2f}" for i, m in enumerate(solo.summary()["solo_mean"]))
+            + f"; full team {solo.summary()['full_mean'][0]:.2f} -> {solo.verdict()}"
+        )
     # A GIF of the first evaluation episode (eval.json's episode 0, seed 10000): its recorded primitive actions
     # replayed with the same env keys and rendered, with a step counter, a caption and a colour legend.
     episode_gif.write_episode_gif(
-        roller.replay_frames(seeds[0], eval_key, ev_res.traj["actions"][0]), out / "episode.gif", env,
+        roller.replay_frames(seeds[0], eval_key, ev_res.traj["actions"][0]),
+        out / "episode.gif",
+        env,
         f"{cfg.game}: " + episode_gif.gif_caption(seeds[0], f"trained adapters of round {ck['checkpoint_round']}"),
-        fps=8)
+        fps=8,
+    )
     _eval_trajectories(env, roller, seeds, eval_key, lib.option_names, ev_res, base_res).save(out / "eval_traj.npz")
 
     # 5. Report.
     how = write_report(out, cfg, metrics_lines, ev)
     s = ev["trained"]["summary"]["team_return"]
-    print(f"eval trained: team return {s['mean']:.2f} ± {s['std']:.2f}" + (
-        f"; frozen base {ev['base']['summary']['team_return']['mean']:.2f} ± "
-        f"{ev['base']['summary']['team_return']['std']:.2f}" if ev["base"] else ""))
+    print(
+        f"eval trained: team return {s['mean']:.2f} ± {s['std']:.2f}"
+        + (
+            f"; frozen base {ev['base']['summary']['team_return']['mean']:.2f} ± "
+            f"{ev['base']['summary']['team_return']['std']:.2f}"
+            if ev["base"]
+            else ""
+        )
+    )
     print(f"total wall time {time.perf_counter() - t_start:.0f} s")
-    for f in ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
-              "checkpoints/", "best/", "decisions/", "eval.json", "solo.json", "eval_traj.npz", "episode.gif",
-              "report.md"):
+    for f in (
+        "config.json",
+        "burnin/records.parquet",
+        "burnin/burnin.json",
+        "guards.jsonl",
+        "metrics.jsonl",
+        "checkpoints/",
+        "best/",
+        "decisions/",
+        "eval.json",
+        "solo.json",
+        "eval_traj.npz",
+        "episode.gif",
+        "report.md",
+    ):
         if (out / f).exists():
             print(f"wrote {out / f}" + (" (report: " + how + ")" if f == "report.md" else ""))
     return out
@@ -916,5 +1165,10 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
     if args.resume and args.force:
         raise InputError("--resume and --force exclude each other")
     cfg = config_from_args(game, args)
-    return run(cfg, Path(args.out) if args.out else None, resume=args.resume, force=args.force,
-               keep_checkpoints=args.keep_checkpoints)
+    return run(
+        cfg,
+        Path(args.out) if args.out else None,
+        resume=args.resume,
+        force=args.force,
+        keep_checkpoints=args.keep_checkpoints,
+    )

@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -77,8 +78,12 @@ def map_layers(env: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         info = env.layout_info
         walls = ~np.asarray(info.walkable, bool)
         terrain = np.where(walls, WALL, FLOOR).astype(np.int8)
-        for cells, code in ((info.pots, POT), (info.onion_dispensers, ONIONS), (info.plate_dispensers, DISHES),
-                            (info.serving, SERVING)):
+        for cells, code in (
+            (info.pots, POT),
+            (info.onion_dispensers, ONIONS),
+            (info.plate_dispensers, DISHES),
+            (info.serving, SERVING),
+        ):
             cells = np.asarray(cells, np.int64).reshape(-1, 2)
             terrain[cells[:, 0], cells[:, 1]] = code
         return walls, terrain, None
@@ -118,8 +123,14 @@ class PolicyTrajectories:
     FIELDS = ("positions", "rewards", "alive", "options", "actions", "apples")
 
     def __post_init__(self):
-        cast = {"positions": np.int32, "rewards": np.float32, "alive": bool, "options": np.int32,
-                "actions": np.int32, "apples": bool}
+        cast = {
+            "positions": np.int32,
+            "rewards": np.float32,
+            "alive": bool,
+            "options": np.int32,
+            "actions": np.int32,
+            "apples": bool,
+        }
         for name, dt in cast.items():
             v = getattr(self, name)
             if v is not None:
@@ -178,8 +189,9 @@ class EvalTrajectories:
         object.__setattr__(self, "terrain", np.asarray(self.terrain).astype(np.int8, copy=False))
         hw = self.walls.shape
         if self.walls.ndim != 2 or self.terrain.shape != hw:
-            raise ArtifactError(f"walls and terrain must be [H, W] of one shape, got {self.walls.shape} and "
-                                f"{self.terrain.shape}")
+            raise ArtifactError(
+                f"walls and terrain must be [H, W] of one shape, got {self.walls.shape} and {self.terrain.shape}"
+            )
         if self.patch_id is not None:
             object.__setattr__(self, "patch_id", np.asarray(self.patch_id).astype(np.int32, copy=False))
             if self.patch_id.shape != hw:
@@ -193,8 +205,9 @@ class EvalTrajectories:
                 raise ArtifactError(f"{label}: apples grid {p.apples.shape[2:]} differs from the map {hw}")
             ids = p.options[p.options >= 0]
             if ids.size and int(ids.max()) >= len(self.option_names):
-                raise ArtifactError(f"{label}: option id {int(ids.max())} out of range of {len(self.option_names)} "
-                                    "option names")
+                raise ArtifactError(
+                    f"{label}: option id {int(ids.max())} out of range of {len(self.option_names)} option names"
+                )
         if self.base is not None and self.base.shape[2] != self.trained.shape[2]:
             raise ArtifactError(f"base has {self.base.shape[2]} agents, trained {self.trained.shape[2]}")
 
@@ -207,21 +220,26 @@ class EvalTrajectories:
 
     def save(self, path: str | Path) -> Path:
         """Writes the npz (layout in the class docstring); returns ``path``."""
-        arrays: dict[str, np.ndarray] = {"seeds": self.seeds, "option_names": np.asarray(self.option_names),
-                                         "walls": self.walls, "terrain": self.terrain}
+        arrays: dict[str, np.ndarray] = {
+            "seeds": self.seeds,
+            "option_names": np.asarray(self.option_names),
+            "walls": self.walls,
+            "terrain": self.terrain,
+        }
         if self.patch_id is not None:
             arrays["patch_id"] = self.patch_id
         for prefix, p in (("", self.trained), ("base_", self.base)):
             if p is not None:
-                arrays.update({prefix + f: getattr(p, f) for f in PolicyTrajectories.FIELDS
-                               if getattr(p, f) is not None})
+                arrays.update(
+                    {prefix + f: getattr(p, f) for f in PolicyTrajectories.FIELDS if getattr(p, f) is not None}
+                )
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(path, **arrays)
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "EvalTrajectories":
+    def load(cls, path: str | Path) -> EvalTrajectories:
         """Reads a file written by :meth:`save`.
 
         Raises:
@@ -247,9 +265,15 @@ class EvalTrajectories:
             return PolicyTrajectories(**{f: arrays.get(prefix + f) for f in PolicyTrajectories.FIELDS})
 
         try:
-            return cls(seeds=arrays["seeds"], option_names=tuple(arrays["option_names"].tolist()),
-                       walls=arrays["walls"], terrain=arrays["terrain"], patch_id=arrays.get("patch_id"),
-                       trained=policy(""), base=policy("base_"))
+            return cls(
+                seeds=arrays["seeds"],
+                option_names=tuple(arrays["option_names"].tolist()),
+                walls=arrays["walls"],
+                terrain=arrays["terrain"],
+                patch_id=arrays.get("patch_id"),
+                trained=policy(""),
+                base=policy("base_"),
+            )
         except (ArtifactError, TypeError) as e:
             raise ArtifactError(f"{path}: {e}") from None
 
@@ -314,14 +338,13 @@ class DecisionTrace:
         return (key != "extra" and key in self.__dataclass_fields__) or key in self.extra
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DecisionTrace":
+    def from_dict(cls, d: dict) -> DecisionTrace:
         """Raises ArtifactError when ``aid`` or ``option`` is missing."""
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         for k in ("aid", "option"):
             if k not in d:
                 raise ArtifactError(f"decision trace lacks `{k}`")
-        return cls(**{k: v for k, v in d.items() if k in names},
-                   extra={k: v for k, v in d.items() if k not in names})
+        return cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
 
     def to_dict(self) -> dict:
         """The JSON line's object (``extra`` inlined)."""
@@ -413,22 +436,36 @@ class EvalBlock:
         """Per-episode scalar metrics, ``team_return`` first (lists, bools and ``seed`` excluded)."""
         keys: list[str] = ["team_return"]
         for ep in self.episodes:
-            keys += [k for k, v in ep.items() if k not in keys and k != "seed" and isinstance(v, (int, float))
-                     and not isinstance(v, bool)]
+            keys += [
+                k
+                for k, v in ep.items()
+                if k not in keys and k != "seed" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            ]
         return keys
 
     def to_dict(self) -> dict:
-        return {"policy": self.policy, "seeds": list(self.seeds),
-                "episodes": [{k: _finite_or_none(v) for k, v in ep.items()} for ep in self.episodes],
-                "summary": self.summary, "parse": self.parse, "seconds": self.seconds}
+        return {
+            "policy": self.policy,
+            "seeds": list(self.seeds),
+            "episodes": [{k: _finite_or_none(v) for k, v in ep.items()} for ep in self.episodes],
+            "summary": self.summary,
+            "parse": self.parse,
+            "seconds": self.seconds,
+        }
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "block") -> "EvalBlock":
+    def from_dict(cls, d: Any, where: str = "block") -> EvalBlock:
         if not isinstance(d, dict):
             raise ArtifactError(f"{where} is not an object")
         try:
-            return cls(policy=str(d["policy"]), seeds=list(d["seeds"]), episodes=list(d["episodes"]),
-                       summary=d.get("summary") or {}, parse=d.get("parse"), seconds=d.get("seconds"))
+            return cls(
+                policy=str(d["policy"]),
+                seeds=list(d["seeds"]),
+                episodes=list(d["episodes"]),
+                summary=d.get("summary") or {},
+                parse=d.get("parse"),
+                seconds=d.get("seconds"),
+            )
         except KeyError as e:
             raise ArtifactError(f"{where} lacks {e}") from None
 
@@ -464,12 +501,21 @@ class EvalRecord:
 
     def to_dict(self) -> dict:
         t = self.trained.to_dict()
-        return {"game": self.game, "preset": self.preset, "reduced_budget": self.reduced_budget,
-                "seeds": list(self.seeds), "eval_checkpoint": self.eval_checkpoint,
-                "checkpoint_rule": self.checkpoint_rule, "checkpoint_round": self.checkpoint_round,
-                "checkpoint_train_return": self.checkpoint_train_return, "trained": t,
-                "base": None if self.base is None else self.base.to_dict(),
-                "episodes": t["episodes"], "summary": t["summary"], "stats": self.stats}
+        return {
+            "game": self.game,
+            "preset": self.preset,
+            "reduced_budget": self.reduced_budget,
+            "seeds": list(self.seeds),
+            "eval_checkpoint": self.eval_checkpoint,
+            "checkpoint_rule": self.checkpoint_rule,
+            "checkpoint_round": self.checkpoint_round,
+            "checkpoint_train_return": self.checkpoint_train_return,
+            "trained": t,
+            "base": None if self.base is None else self.base.to_dict(),
+            "episodes": t["episodes"],
+            "summary": t["summary"],
+            "stats": self.stats,
+        }
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -477,18 +523,23 @@ class EvalRecord:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "EvalRecord":
+    def load(cls, path: str | Path) -> EvalRecord:
         """Raises FileNotFoundError, or ArtifactError naming the file and the missing field."""
         d = _load_json_object(path)
         try:
-            return cls(game=str(d["game"]), seeds=list(d["seeds"]),
-                       trained=EvalBlock.from_dict(d["trained"], "trained"),
-                       base=None if d.get("base") is None else EvalBlock.from_dict(d["base"], "base"),
-                       preset=d.get("preset"), reduced_budget=d.get("reduced_budget"),
-                       eval_checkpoint=d.get("eval_checkpoint"), checkpoint_rule=d.get("checkpoint_rule"),
-                       checkpoint_round=d.get("checkpoint_round"),
-                       checkpoint_train_return=d.get("checkpoint_train_return"),
-                       stats=d.get("stats") if isinstance(d.get("stats"), dict) else None)
+            return cls(
+                game=str(d["game"]),
+                seeds=list(d["seeds"]),
+                trained=EvalBlock.from_dict(d["trained"], "trained"),
+                base=None if d.get("base") is None else EvalBlock.from_dict(d["base"], "base"),
+                preset=d.get("preset"),
+                reduced_budget=d.get("reduced_budget"),
+                eval_checkpoint=d.get("eval_checkpoint"),
+                checkpoint_rule=d.get("checkpoint_rule"),
+                checkpoint_round=d.get("checkpoint_round"),
+                checkpoint_train_return=d.get("checkpoint_train_return"),
+                stats=d.get("stats") if isinstance(d.get("stats"), dict) else None,
+            )
         except KeyError as e:
             raise ArtifactError(f"{path} lacks {e}") from None
         except ArtifactError as e:
@@ -520,8 +571,11 @@ def _clean_list(v: Any) -> list[float | None]:
 def _mean_std(v: Any) -> dict:
     a = np.asarray(v, np.float64).ravel()
     a = a[np.isfinite(a)]
-    return {"mean": float(a.mean()) if a.size else None,
-            "std": (float(a.std(ddof=1)) if a.size > 1 else 0.0) if a.size else None, "n": int(a.size)}
+    return {
+        "mean": float(a.mean()) if a.size else None,
+        "std": (float(a.std(ddof=1)) if a.size > 1 else 0.0) if a.size else None,
+        "n": int(a.size),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -557,19 +611,29 @@ class SoloRecord:
         if self.team_return.ndim != 2 or self.team_return.shape[1] != s:
             raise ArtifactError(f"team_return must be [N, S] with S = {s} seeds, got {self.team_return.shape}")
         if self.own_return.shape != self.team_return.shape:
-            raise ArtifactError(f"own_return has shape {self.own_return.shape}, team_return "
-                                f"{self.team_return.shape}")
+            raise ArtifactError(f"own_return has shape {self.own_return.shape}, team_return {self.team_return.shape}")
         if self.full_team.shape != (s,):
             raise ArtifactError(f"full_team must have one value per seed ({s}), got {self.full_team.shape}")
 
     def to_dict(self) -> dict:
         return {
-            "seeds": [int(x) for x in self.seeds], "units": self.units, "num_agents": int(self.team_return.shape[0]),
-            "agents": [{"agent": i, "solo_team_return": _clean_list(self.team_return[i]),
-                        "solo_team": _mean_std(self.team_return[i]), "own_return": _clean_list(self.own_return[i]),
-                        "own": _mean_std(self.own_return[i])} for i in range(self.team_return.shape[0])],
+            "seeds": [int(x) for x in self.seeds],
+            "units": self.units,
+            "num_agents": int(self.team_return.shape[0]),
+            "agents": [
+                {
+                    "agent": i,
+                    "solo_team_return": _clean_list(self.team_return[i]),
+                    "solo_team": _mean_std(self.team_return[i]),
+                    "own_return": _clean_list(self.own_return[i]),
+                    "own": _mean_std(self.own_return[i]),
+                }
+                for i in range(self.team_return.shape[0])
+            ],
             "full_team": {"returns": _clean_list(self.full_team), **_mean_std(self.full_team)},
-            "verdict": self.verdict, **self.extra}
+            "verdict": self.verdict,
+            **self.extra,
+        }
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -577,7 +641,7 @@ class SoloRecord:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "SoloRecord":
+    def load(cls, path: str | Path) -> SoloRecord:
         """Raises FileNotFoundError, or ArtifactError naming the file and the malformed field."""
         d = _load_json_object(path)
         agents = d.get("agents")
@@ -598,14 +662,30 @@ class SoloRecord:
 
         known = {"seeds", "units", "num_agents", "agents", "full_team", "verdict"}
         try:
-            return cls(seeds=tuple(int(s) for s in seeds), units=d.get("units"),
-                       team_return=[nums(a, "solo_team_return") for a in agents],
-                       own_return=[nums(a, "own_return") for a in agents],
-                       full_team=[math.nan if x is None else float(x) for x in full["returns"]],
-                       verdict=d.get("verdict"), extra={k: v for k, v in d.items() if k not in known})
+            return cls(
+                seeds=tuple(int(s) for s in seeds),
+                units=d.get("units"),
+                team_return=[nums(a, "solo_team_return") for a in agents],
+                own_return=[nums(a, "own_return") for a in agents],
+                full_team=[math.nan if x is None else float(x) for x in full["returns"]],
+                verdict=d.get("verdict"),
+                extra={k: v for k, v in d.items() if k not in known},
+            )
         except (ArtifactError, ValueError, TypeError) as e:
             raise ArtifactError(f"{path}: {e}") from None
 
 
-__all__ = ["ArtifactError", "DecisionTrace", "EvalBlock", "EvalRecord", "EvalTrajectories", "PolicyTrajectories",
-           "SoloRecord", "TERRAIN_NAMES", "RESPONSE_SOURCES", "load_traces", "save_traces", "map_layers"]
+__all__ = [
+    "ArtifactError",
+    "DecisionTrace",
+    "EvalBlock",
+    "EvalRecord",
+    "EvalTrajectories",
+    "PolicyTrajectories",
+    "SoloRecord",
+    "TERRAIN_NAMES",
+    "RESPONSE_SOURCES",
+    "load_traces",
+    "save_traces",
+    "map_layers",
+]

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -83,8 +84,9 @@ def record_parse_failed(rec: Mapping[str, Any]) -> bool:
     return bool(rec.get("parse_fail"))
 
 
-def option_histogram(decisions: Iterable[Mapping[str, Any]], num_agents: int | None = None,
-                     option_names: Sequence[str] | None = None) -> tuple[tuple[str, ...], np.ndarray]:
+def option_histogram(
+    decisions: Iterable[Mapping[str, Any]], num_agents: int | None = None, option_names: Sequence[str] | None = None
+) -> tuple[tuple[str, ...], np.ndarray]:
     """Counts of each chosen option per agent, from decision records.
 
     Definition: ``counts[i, o]`` = number of records with ``aid == i`` and ``opt == names[o]`` (all rounds,
@@ -239,8 +241,9 @@ def option_entropy(counts: np.ndarray) -> np.ndarray:
     return -(p * logp).sum(axis=-1) + 0.0
 
 
-def role_split(names: Sequence[str], counts: np.ndarray,
-               keywords: Mapping[str, Sequence[str]] = ROLE_KEYWORDS) -> RoleSplit:
+def role_split(
+    names: Sequence[str], counts: np.ndarray, keywords: Mapping[str, Sequence[str]] = ROLE_KEYWORDS
+) -> RoleSplit:
     """Role split of a team from per-agent option counts (decisions or steps).
 
     Each option is mapped to a role category by :func:`option_category`; ``frac[i, c]`` is the fraction of
@@ -368,8 +371,9 @@ def per_agent_apples(rewards: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(r, 0.0, None).sum(axis=1)).astype(np.int64)
 
 
-def successes_per_agent(decisions: Iterable[Mapping[str, Any]], option: str = DELIVER,
-                        num_agents: int | None = None) -> np.ndarray:
+def successes_per_agent(
+    decisions: Iterable[Mapping[str, Any]], option: str = DELIVER, num_agents: int | None = None
+) -> np.ndarray:
     """Per-agent count of decisions that chose ``option`` and ended with outcome ``success``
     (e.g. Overcooked deliveries, whose team reward is shared and cannot be split from rewards).
 
@@ -384,8 +388,9 @@ def successes_per_agent(decisions: Iterable[Mapping[str, Any]], option: str = DE
     return np.bincount(np.asarray(aids, np.int64), minlength=n)[:n] if n else np.zeros(0, np.int64)
 
 
-def visit_heatmap(positions: np.ndarray, shape: tuple[int, int] | None = None,
-                  alive: np.ndarray | None = None) -> np.ndarray:
+def visit_heatmap(
+    positions: np.ndarray, shape: tuple[int, int] | None = None, alive: np.ndarray | None = None
+) -> np.ndarray:
     """Visit counts per agent over the map: ``heat[i, r, c]`` = number of (episode, step) pairs with agent i at
     cell (r, c) and in play. Units: steps. Positions outside ``shape`` are dropped.
 
@@ -526,8 +531,12 @@ class SoloResult:
         """Mean and std (:func:`mean_std`) over seeds of each agent's solo team return and of the full team's."""
         solo = [mean_std(row) for row in self.team_return]
         full = mean_std(self.full_team)
-        return {"solo_mean": [m for m, _, _ in solo], "solo_std": [s for _, s, _ in solo],
-                "full_mean": [full[0]], "full_std": [full[1]]}
+        return {
+            "solo_mean": [m for m, _, _ in solo],
+            "solo_std": [s for _, s, _ in solo],
+            "full_mean": [full[0]],
+            "full_std": [full[1]],
+        }
 
     def verdict(self) -> str:
         """:func:`solo_verdict` of this result."""
@@ -544,9 +553,15 @@ class SoloResult:
         (game, checkpoint, ...) are written after the fixed ones."""
         from jaxopt_marl.artifacts import SoloRecord
 
-        return SoloRecord(seeds=self.seeds, units=units, team_return=self.team_return,
-                          own_return=self.agent_return, full_team=self.full_team, verdict=self.verdict(),
-                          extra={"min_seeds": MIN_SOLO_SEEDS, **extra})
+        return SoloRecord(
+            seeds=self.seeds,
+            units=units,
+            team_return=self.team_return,
+            own_return=self.agent_return,
+            full_team=self.full_team,
+            verdict=self.verdict(),
+            extra={"min_seeds": MIN_SOLO_SEEDS, **extra},
+        )
 
 
 def solo_verdict(team_return: np.ndarray, full_team: np.ndarray, min_seeds: int | None = None) -> str:
@@ -605,22 +620,32 @@ def _solo_returns(out: Any, num_agents: int, num_seeds: int | None) -> tuple[np.
             agent = arr.sum(axis=-2) if arr.ndim == lead + 2 else arr
             team = agent.sum(axis=-1)
         else:
-            raise ValueError(f"solo_test: rollout output of shape {arr.shape} is none of "
-                             f"{'[S], [S, N], [S, T, N]' if batch else '[], [N], [T, N]'}")
+            raise ValueError(
+                f"solo_test: rollout output of shape {arr.shape} is none of "
+                f"{'[S], [S, N], [S, T, N]' if batch else '[], [N], [T, N]'}"
+            )
     if agent is None:
         agent = np.full(team.shape + (num_agents,), np.nan)
     if not batch:
         team, agent = team.reshape(1), agent.reshape(1, -1)
     s = num_seeds if batch else 1
     if team.shape != (s,) or agent.shape != (s, num_agents):
-        raise ValueError(f"solo_test: rollout gave team returns of shape {team.shape} and per-agent returns of "
-                         f"shape {agent.shape}; expected ({s},) and ({s}, {num_agents})")
+        raise ValueError(
+            f"solo_test: rollout gave team returns of shape {team.shape} and per-agent returns of "
+            f"shape {agent.shape}; expected ({s},) and ({s}, {num_agents})"
+        )
     return team, agent
 
 
-def solo_test(rollout: Callable[[np.ndarray, Any], Any], num_agents: int, seeds: Sequence[int],
-              *, include_full_team: bool = True, batched: bool = False,
-              full_team: Sequence[float] | np.ndarray | None = None) -> SoloResult:
+def solo_test(
+    rollout: Callable[[np.ndarray, Any], Any],
+    num_agents: int,
+    seeds: Sequence[int],
+    *,
+    include_full_team: bool = True,
+    batched: bool = False,
+    full_team: Sequence[float] | np.ndarray | None = None,
+) -> SoloResult:
     """Solo test (paper §6.4): evaluate the team with all but one agent idled, once per agent on every seed.
 
     A layout where an agent alone still scores is solo-solvable (Overcooked AA: the paper's agents deliver 4 and
@@ -760,10 +785,41 @@ def mean_std(x: Sequence[float] | np.ndarray, ddof: int = 1) -> tuple[float, flo
 
 
 __all__ = [
-    "DELIVER", "DROP", "MIN_SOLO_SEEDS", "NO_OPTION", "OTHER", "OUTCOMES", "PICK", "ROLE_KEYWORDS", "RoleSplit",
-    "SOLO_VERDICTS", "SoloResult", "extinction_step", "fractions", "handoffs", "mean_std", "option_category",
-    "option_entropy", "option_histogram", "option_step_histogram", "outcome_class", "outcome_table",
-    "parse_fail_rate", "patches_alive", "per_agent_apples", "per_agent_returns", "record_option",
-    "record_parse_failed", "role_split", "social_metrics", "solo_scoring_seeds", "solo_test", "solo_verdict",
-    "specialisation_index", "stationary_fraction", "successes_per_agent", "visit_heatmap", "waiting_fraction",
+    "DELIVER",
+    "DROP",
+    "MIN_SOLO_SEEDS",
+    "NO_OPTION",
+    "OTHER",
+    "OUTCOMES",
+    "PICK",
+    "ROLE_KEYWORDS",
+    "RoleSplit",
+    "SOLO_VERDICTS",
+    "SoloResult",
+    "extinction_step",
+    "fractions",
+    "handoffs",
+    "mean_std",
+    "option_category",
+    "option_entropy",
+    "option_histogram",
+    "option_step_histogram",
+    "outcome_class",
+    "outcome_table",
+    "parse_fail_rate",
+    "patches_alive",
+    "per_agent_apples",
+    "per_agent_returns",
+    "record_option",
+    "record_parse_failed",
+    "role_split",
+    "social_metrics",
+    "solo_scoring_seeds",
+    "solo_test",
+    "solo_verdict",
+    "specialisation_index",
+    "stationary_fraction",
+    "successes_per_agent",
+    "visit_heatmap",
+    "waiting_fraction",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -61,8 +61,9 @@ class BurninResult:
         return self.decisions / max(self.seconds, 1e-9)
 
 
-def make_episodes_fn(lib: OptionLibrary, env, num_steps: int | None = None,
-                     policy: macro.Policy = macro.uniform_policy) -> Callable:
+def make_episodes_fn(
+    lib: OptionLibrary, env, num_steps: int | None = None, policy: macro.Policy = macro.uniform_policy
+) -> Callable:
     """Jitted ``fn(keys [B], acting bool[B, A], solo bool[B]) -> Rec [B, T, A]`` running whole episodes."""
     steps = int(num_steps or env.max_steps)
     step = macro.make_macro_step(lib, env, policy)
@@ -130,12 +131,11 @@ def run_burnin(
         n = min(chunk, e - s)
         idx = np.arange(s, s + chunk) % e  # pad by wrapping; padded rows are dropped below
         recs = fn(keys[idx], jnp.asarray(acting[idx]), jnp.asarray(solo[idx]))
-        recs = jax.tree.map(lambda x: np.asarray(x)[:n], recs)
-        parts.append(_flatten(recs, np.arange(s, s + n), solo[s:s + n]))
+        recs = jax.tree.map(lambda x, n=n: np.asarray(x)[:n], recs)
+        parts.append(_flatten(recs, np.arange(s, s + n), solo[s : s + n]))
     seconds = time.perf_counter() - t0
     codes = RecordCodes(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))
-    return BurninResult(codes=codes, episodes=e, solo_episodes=num_solo, decisions=codes.num_records,
-                        seconds=seconds)
+    return BurninResult(codes=codes, episodes=e, solo_episodes=num_solo, decisions=codes.num_records, seconds=seconds)
 
 
 def _flatten(recs: macro.Rec, ep: np.ndarray, solo: np.ndarray) -> RecordCodes:
@@ -162,8 +162,15 @@ def _flatten(recs: macro.Rec, ep: np.ndarray, solo: np.ndarray) -> RecordCodes:
 def to_table(lib: OptionLibrary, codes: RecordCodes) -> pa.Table:
     """The Parquet-ready record table (:func:`jaxopt_marl.records.records_from_arrays`)."""
     return records_from_arrays(
-        lib.vocab, ep=codes.ep, step=codes.step, aid=codes.aid, solo=codes.solo, opt=codes.opt,
-        target=np.stack([codes.target_y, codes.target_x], 1), outcome=codes.outcome, features=codes.features,
+        lib.vocab,
+        ep=codes.ep,
+        step=codes.step,
+        aid=codes.aid,
+        solo=codes.solo,
+        opt=codes.opt,
+        target=np.stack([codes.target_y, codes.target_x], 1),
+        outcome=codes.outcome,
+        features=codes.features,
     )
 
 
@@ -172,5 +179,4 @@ def synthesize(lib: OptionLibrary, codes: RecordCodes, **kwargs) -> GuardList:
     return synthesize_guards(codes, lib.vocab, lib.read_sets, solo_only=lib.solo_only, **kwargs)
 
 
-__all__ = ["DEFAULT_CHUNK", "BurninResult", "episode_plan", "make_episodes_fn", "run_burnin", "synthesize",
-           "to_table"]
+__all__ = ["DEFAULT_CHUNK", "BurninResult", "episode_plan", "make_episodes_fn", "run_burnin", "synthesize", "to_table"]

@@ -94,7 +94,7 @@ class ChunkConfig:
             raise ValueError(f"length_step must be >= 1, got {self.length_step}")
 
     @classmethod
-    def for_backend(cls, backend: str | None = None, rows: int = 28, mode: str = "choice_only") -> "ChunkConfig":
+    def for_backend(cls, backend: str | None = None, rows: int = 28, mode: str = "choice_only") -> ChunkConfig:
         """Defaults per backend and scoring mode.
 
         - CPU, ``choice_only``: single rows, 32-token columns. Prefill is compute-bound there: a SmolLM2 row of
@@ -115,7 +115,7 @@ class ChunkConfig:
         return cls(row_sizes=tuple(sorted({top, 8}, reverse=True)), pad_rows=True, length_step=128)
 
     @classmethod
-    def single(cls, rows: int) -> "ChunkConfig":
+    def single(cls, rows: int) -> ChunkConfig:
         """One branch: every wave runs as one call of ``rows`` rows padded to the prompt limit.
 
         For short runs with a tiny model (the smoke preset, the tests), where a row costs almost nothing and
@@ -197,12 +197,30 @@ class CompiledResult(NamedTuple):
 def _empty_buffers(d: int, p: int, m: int, i: int) -> DecisionBuffers:
     z = lambda *shape: jnp.zeros(shape, jnp.int32)
     neg = lambda *shape: jnp.full(shape, -1, jnp.int32)
-    return DecisionBuffers(count=jnp.zeros((), jnp.int32), rollout=z(d), aid=z(d), step=z(d), wave=z(d),
-                           prompt=z(d, p), prompt_len=z(d), response=z(d, m), response_mask=jnp.zeros((d, m), bool),
-                           logp=jnp.zeros((d,), jnp.float32), letter=neg(d), reason=z(d), n_letters=z(d),
-                           label=z(d), team=jnp.zeros((d,), jnp.float32), menu_opt=neg(d, i),
-                           menu_target=neg(d, i, 2), menu_letters=neg(d, i), inst=neg(d), option=neg(d),
-                           target=neg(d, 2), outcome=jnp.full((d,), OUTCOME_IDLE, jnp.int32))
+    return DecisionBuffers(
+        count=jnp.zeros((), jnp.int32),
+        rollout=z(d),
+        aid=z(d),
+        step=z(d),
+        wave=z(d),
+        prompt=z(d, p),
+        prompt_len=z(d),
+        response=z(d, m),
+        response_mask=jnp.zeros((d, m), bool),
+        logp=jnp.zeros((d,), jnp.float32),
+        letter=neg(d),
+        reason=z(d),
+        n_letters=z(d),
+        label=z(d),
+        team=jnp.zeros((d,), jnp.float32),
+        menu_opt=neg(d, i),
+        menu_target=neg(d, i, 2),
+        menu_letters=neg(d, i),
+        inst=neg(d),
+        option=neg(d),
+        target=neg(d, 2),
+        outcome=jnp.full((d,), OUTCOME_IDLE, jnp.int32),
+    )
 
 
 def _rec_outcome(rec: macro.Rec) -> jax.Array:
@@ -241,9 +259,21 @@ class CompiledRoller:
             before any compute.
     """
 
-    def __init__(self, game: str, env, lib, guards, model, tokenizer, cfg: rollout.PolicyConfig, *,
-                 menu_seed: int = 0, batch: int = 4, chunks: ChunkConfig | None = None,
-                 max_prompt_len: int | None = None):
+    def __init__(
+        self,
+        game: str,
+        env,
+        lib,
+        guards,
+        model,
+        tokenizer,
+        cfg: rollout.PolicyConfig,
+        *,
+        menu_seed: int = 0,
+        batch: int = 4,
+        chunks: ChunkConfig | None = None,
+        max_prompt_len: int | None = None,
+    ):
         from lora import split_model
 
         self.game, self.env, self.lib, self.guards, self.cfg = game, env, lib, guards, cfg
@@ -257,10 +287,13 @@ class CompiledRoller:
         n_adapters = model.lora_cfg.num_adapters if model.lora_cfg is not None else 0
         want = 1 if cfg.shared_adapter else self.n
         if n_adapters != want:
-            raise ValueError(f"{game}: the model has {n_adapters} adapters, the policy needs {want} "
-                             f"({'shared adapter' if cfg.shared_adapter else 'one per agent'})")
-        self.prompt = prompt_ids.PromptIds(game, env, lib, tokenizer, mode=cfg.mode, max_steps=self.steps,
-                                           max_len=max_prompt_len)
+            raise ValueError(
+                f"{game}: the model has {n_adapters} adapters, the policy needs {want} "
+                f"({'shared adapter' if cfg.shared_adapter else 'one per agent'})"
+            )
+        self.prompt = prompt_ids.PromptIds(
+            game, env, lib, tokenizer, mode=cfg.mode, max_steps=self.steps, max_len=max_prompt_len
+        )
         self.chunks = chunks or ChunkConfig.for_backend(rows=self.batch * self.n, mode=cfg.mode)
         self.model = model
         self.graphdef, _, _ = split_model(model)
@@ -274,9 +307,11 @@ class CompiledRoller:
         self.byte_table = parse_device.ByteTable.from_tokenizer(tokenizer) if cfg.mode == "sample" else None
         # Text around the user message in the rendered chat, for the traces' ``prompt`` field.
         sentinel = "\x00USER\x00"
-        full = render_chat(tokenizer, [{"role": "system", "content": prompts.system_message(game)},
-                                       {"role": "user", "content": sentinel}])
-        head, tail = full[len(self.prompt.prefix_text):].split(sentinel)
+        full = render_chat(
+            tokenizer,
+            [{"role": "system", "content": prompts.system_message(game)}, {"role": "user", "content": sentinel}],
+        )
+        head, tail = full[len(self.prompt.prefix_text) :].split(sentinel)
         self._user_head, self._user_tail = head, tail
         self._device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         self._fn = jax.jit(self._collect)
@@ -285,7 +320,7 @@ class CompiledRoller:
     # -- what the trainer reads (the host loop's LLMPolicy offers the same) --------------------------------
 
     @property
-    def policy(self) -> "CompiledRoller":
+    def policy(self) -> CompiledRoller:
         """The roller itself: it holds what :class:`jaxopt_marl.trainer.Trainer` reads from a policy
         (``model``, ``cfg``, ``prefix_ids``, ``pad_id``, :meth:`set_adapters`)."""
         return self
@@ -314,10 +349,19 @@ class CompiledRoller:
         if cfg.mode == "choice_only":
             h, _ = model.hidden(ids, attention_mask=mask, agent_ids=adapter, cache=cache)
             return (model.logits(h[:, -1])[:, jnp.asarray(self.letter_ids)],)
-        gen = sampling.decode(model, ids, mask, sampling.row_key_draw(keys), agent_ids=adapter,
-                              temperature=jnp.float32(cfg.temperature), prefix_cache=cache,
-                              max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                              live_rows=live)
+        gen = sampling.decode(
+            model,
+            ids,
+            mask,
+            sampling.row_key_draw(keys),
+            agent_ids=adapter,
+            temperature=jnp.float32(cfg.temperature),
+            prefix_cache=cache,
+            max_new_tokens=cfg.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            live_rows=live,
+        )
         return gen.tokens, gen.mask, jnp.where(gen.mask, gen.logprobs_t, 0.0).sum(axis=1)
 
     def _wave_llm(self, model, kv, ids, lens, adapter, keys, n_let, llm_row):
@@ -348,8 +392,9 @@ class CompiledRoller:
                 rows = jnp.where(ok, jax.lax.dynamic_slice(order, (c0,), (s,)), 0)
                 ln = lens[rows]
                 mask = (jnp.arange(width)[None] >= width - ln[:, None]) & ok[:, None]
-                res = self._model_rows(model, kv, ids[rows][:, p - width:], mask,
-                                       jnp.where(ok, adapter[rows], -1), keys[rows], ok)
+                res = self._model_rows(
+                    model, kv, ids[rows][:, p - width :], mask, jnp.where(ok, adapter[rows], -1), keys[rows], ok
+                )
                 dst = jnp.where(ok, rows, r)  # out of range: dropped
                 return tuple(o.at[dst].set(v.astype(o.dtype), mode="drop") for o, v in zip(out, res))
 
@@ -380,7 +425,8 @@ class CompiledRoller:
             return letter, reason, logp, resp, jnp.ones_like(resp, bool)
         tokens, mask, logp = out
         reason, letter = jax.vmap(lambda t, mk, nl: parse_device.parse_tokens(self.byte_table, t, mk, nl))(
-            tokens, mask, n_let)
+            tokens, mask, n_let
+        )
         return letter.astype(jnp.int32), reason.astype(jnp.int32), logp, tokens, mask
 
     def _collect(self, base, adapters, seeds, key, reference, active):
@@ -392,8 +438,11 @@ class CompiledRoller:
         model = nnx.merge(self.graphdef, adapters, base)
         n_ad = model.lora_cfg.num_adapters
         # The shared system turn's K/V, once per adapter and once adapters-off (row n_ad).
-        kv = prefix_cache(model, self.prompt.prefix_ids,
-                          jnp.concatenate([jnp.arange(n_ad, dtype=jnp.int32), jnp.full((1,), -1, jnp.int32)]))
+        kv = prefix_cache(
+            model,
+            self.prompt.prefix_ids,
+            jnp.concatenate([jnp.arange(n_ad, dtype=jnp.int32), jnp.full((1,), -1, jnp.int32)]),
+        )
         env_keys, llm_keys = rollout.episode_keys(key, seeds)
         agents = jnp.arange(n, dtype=jnp.int32)
         adapter_of = jnp.where(reference, -1, jnp.zeros_like(agents) if cfg.shared_adapter else agents)
@@ -402,11 +451,11 @@ class CompiledRoller:
         ms = jax.vmap(init_one)(seeds)
         traj = rollout.empty_traj(k, t_max, n)
         advance = jax.vmap(rollout.make_advance_env(lib, env, game, t_max))
-        menu_fn = jax.vmap(jax.vmap(lambda s, a, kk: menus.build_menu(lib, self.guards, s, a, kk),
-                                    (None, 0, 0)), (0, 0, 0))
+        menu_fn = jax.vmap(
+            jax.vmap(lambda s, a, kk: menus.build_menu(lib, self.guards, s, a, kk), (None, 0, 0)), (0, 0, 0)
+        )
         suffix_fn = jax.vmap(jax.vmap(self.prompt.suffix, (None, 0, 0, 0, 0)), (0, 0, 0, 0, 0))
-        label_fn = jax.vmap(jax.vmap(lambda s, a: prompt_ids.state_label_code(game, lib, s, a), (None, 0)),
-                            (0, None))
+        label_fn = jax.vmap(jax.vmap(lambda s, a: prompt_ids.state_label_code(game, lib, s, a), (None, 0)), (0, None))
         team_fn = jax.vmap(lambda s: rollout.team_return(game, s))
         begin_fn = jax.vmap(lambda mst, ch: macro.begin(lib, mst, ch, *macro.tables(lib, mst.env)))
 
@@ -419,28 +468,42 @@ class CompiledRoller:
 
         # The first turn of the loop only advances (nobody needs a decision yet), so the advance and the
         # decision code are each compiled once.
-        carry = dict(ms=ms, traj=traj, need=jnp.zeros((k, n), bool), buf=_empty_buffers(d_max, p, m, i_n),
-                     pending=jnp.full((k, n), -1, jnp.int32), mem=prompt_ids.empty_memory((k, n)),
-                     ndec=jnp.zeros((k, n), jnp.int32), counts=jnp.zeros((len(parse_device.REASON_CODES),), jnp.int32),
-                     wave=jnp.zeros((), jnp.int32))
+        carry = dict(
+            ms=ms,
+            traj=traj,
+            need=jnp.zeros((k, n), bool),
+            buf=_empty_buffers(d_max, p, m, i_n),
+            pending=jnp.full((k, n), -1, jnp.int32),
+            mem=prompt_ids.empty_memory((k, n)),
+            ndec=jnp.zeros((k, n), jnp.int32),
+            counts=jnp.zeros((len(parse_device.REASON_CODES),), jnp.int32),
+            wave=jnp.zeros((), jnp.int32),
+        )
 
         def cond(c):
             return (c["wave"] == 0) | (c["need"].any() & ~c["ms"].env.done.all())
 
         def body(c):
             ms, buf, need, mem, ndec = c["ms"], c["buf"], c["need"], c["mem"], c["ndec"]
-            dkeys = jax.vmap(jax.vmap(lambda s, a, dd: menus.decision_key(self.menu_seed, s, a, dd),
-                                      (None, 0, 0)), (0, None, 0))(seeds, agents, ndec)
+            dkeys = jax.vmap(
+                jax.vmap(lambda s, a, dd: menus.decision_key(self.menu_seed, s, a, dd), (None, 0, 0)), (0, None, 0)
+            )(seeds, agents, ndec)
             menu = menu_fn(ms.env, jnp.broadcast_to(agents, (k, n)), dkeys)
             shown = menu.letters >= 0
             n_let = shown.sum(-1).astype(jnp.int32)
             llm_row = need & active
             ids, lens = suffix_fn(ms.env, jnp.broadcast_to(agents, (k, n)), menu.inst, menu.letters, mem)
-            skeys = jax.vmap(jax.vmap(rollout.decision_sample_key, (None, 0, 0)), (0, None, 0))(llm_keys, agents,
-                                                                                              ndec)
+            skeys = jax.vmap(jax.vmap(rollout.decision_sample_key, (None, 0, 0)), (0, None, 0))(llm_keys, agents, ndec)
             letter, reason, logp, resp, rmask = self._wave_llm(
-                model, kv, ids.reshape(r, p), lens.reshape(r), jnp.broadcast_to(adapter_of, (k, n)).reshape(r),
-                skeys.reshape(r, *skeys.shape[2:]), n_let.reshape(r), llm_row.reshape(r))
+                model,
+                kv,
+                ids.reshape(r, p),
+                lens.reshape(r),
+                jnp.broadcast_to(adapter_of, (k, n)).reshape(r),
+                skeys.reshape(r, *skeys.shape[2:]),
+                n_let.reshape(r),
+                llm_row.reshape(r),
+            )
             letter, reason, logp = (x.reshape(k, n) for x in (letter, reason, logp))
             resp, rmask = resp.reshape(k, n, m), rmask.reshape(k, n, m)
             # The instance of the chosen letter; else the shown wait instance; else none (idle one step).
@@ -452,9 +515,11 @@ class CompiledRoller:
             choice = inst.astype(jnp.int32)
             take = lambda x: jnp.take_along_axis(x, jnp.maximum(inst, 0)[..., None], axis=-1)[..., 0]
             opt = jnp.where(inst >= 0, take(menu.inst.opt), -1)
-            tgt = jnp.where((inst >= 0)[..., None],
-                            jnp.take_along_axis(menu.inst.target, jnp.maximum(inst, 0)[..., None, None], axis=2)[:, :, 0],
-                            -1)
+            tgt = jnp.where(
+                (inst >= 0)[..., None],
+                jnp.take_along_axis(menu.inst.target, jnp.maximum(inst, 0)[..., None, None], axis=2)[:, :, 0],
+                -1,
+            )
             team = team_fn(ms.env)
             # Record the decisions of the LLM rows, in (rollout, agent) order.
             flat = llm_row.reshape(-1)
@@ -465,23 +530,34 @@ class CompiledRoller:
             buf = buf._replace(
                 count=buf.count + flat.sum().astype(jnp.int32),
                 rollout=put(buf.rollout, jnp.broadcast_to(jnp.arange(k)[:, None], (k, n))),
-                aid=put(buf.aid, jnp.broadcast_to(agents, (k, n))), step=put(buf.step, step_now),
+                aid=put(buf.aid, jnp.broadcast_to(agents, (k, n))),
+                step=put(buf.step, step_now),
                 wave=put(buf.wave, jnp.broadcast_to(c["wave"] - 1, (k, n))),
-                prompt=put(buf.prompt, ids), prompt_len=put(buf.prompt_len, lens), response=put(buf.response, resp),
-                response_mask=put(buf.response_mask, rmask), logp=put(buf.logp, logp),
-                letter=put(buf.letter, letter), reason=put(buf.reason, reason), n_letters=put(buf.n_letters, n_let),
+                prompt=put(buf.prompt, ids),
+                prompt_len=put(buf.prompt_len, lens),
+                response=put(buf.response, resp),
+                response_mask=put(buf.response_mask, rmask),
+                logp=put(buf.logp, logp),
+                letter=put(buf.letter, letter),
+                reason=put(buf.reason, reason),
+                n_letters=put(buf.n_letters, n_let),
                 label=put(buf.label, label_fn(ms.env, agents)),
                 team=put(buf.team, jnp.broadcast_to(team[:, None], (k, n))),
-                menu_opt=put(buf.menu_opt, menu.inst.opt), menu_target=put(buf.menu_target, menu.inst.target),
-                menu_letters=put(buf.menu_letters, menu.letters), inst=put(buf.inst, inst),
-                option=put(buf.option, opt), target=put(buf.target, tgt),
-                outcome=put(buf.outcome, jnp.where(inst >= 0, OUTCOME_RUNNING, OUTCOME_IDLE)))
+                menu_opt=put(buf.menu_opt, menu.inst.opt),
+                menu_target=put(buf.menu_target, menu.inst.target),
+                menu_letters=put(buf.menu_letters, menu.letters),
+                inst=put(buf.inst, inst),
+                option=put(buf.option, opt),
+                target=put(buf.target, tgt),
+                outcome=put(buf.outcome, jnp.where(inst >= 0, OUTCOME_RUNNING, OUTCOME_IDLE)),
+            )
             counts = c["counts"] + jnp.zeros_like(c["counts"]).at[reason.reshape(-1)].add(flat.astype(jnp.int32))
             pending = jnp.where(llm_row, slot.reshape(k, n), c["pending"])
             code = jnp.where(opt >= 0, opt, self.idle_code).astype(jnp.int32)
             new_mem = jax.vmap(jax.vmap(prompt_ids.remember))(mem, code, jnp.broadcast_to(team[:, None], (k, n)))
-            mem = jax.tree.map(lambda a, b: jnp.where(llm_row.reshape(llm_row.shape + (1,) * (a.ndim - 2)), a, b),
-                               new_mem, mem)
+            mem = jax.tree.map(
+                lambda a, b: jnp.where(llm_row.reshape(llm_row.shape + (1,) * (a.ndim - 2)), a, b), new_mem, mem
+            )
             ndec = ndec + llm_row.astype(jnp.int32)
             ms, rec_fail = begin_fn(ms, choice)
             buf, pending = outcomes(buf, pending, rec_fail)
@@ -489,16 +565,24 @@ class CompiledRoller:
             force = ((choice < 0) & need).any(axis=1)
             ms, traj, need, rec = advance(ms, c["traj"], env_keys, force)
             buf, pending = outcomes(buf, pending, rec)
-            return dict(ms=ms, traj=traj, need=need, buf=buf, pending=pending, mem=mem, ndec=ndec, counts=counts,
-                        wave=c["wave"] + 1)
+            return dict(
+                ms=ms,
+                traj=traj,
+                need=need,
+                buf=buf,
+                pending=pending,
+                mem=mem,
+                ndec=ndec,
+                counts=counts,
+                wave=c["wave"] + 1,
+            )
 
         c = jax.lax.while_loop(cond, body, carry)
         buf = c["buf"]
         # Options still running when the episode ended.
         buf = buf._replace(outcome=jnp.where(buf.outcome == OUTCOME_RUNNING, OUTCOME_EPISODE_END, buf.outcome))
         stats = jax.vmap(lambda s: {**env.world_stats(s), "team_return": rollout.team_return(game, s)})(c["ms"].env)
-        return CompiledResult(decisions=buf, traj=c["traj"], stats=stats, parse_counts=c["counts"],
-                              waves=c["wave"] - 1)
+        return CompiledResult(decisions=buf, traj=c["traj"], stats=stats, parse_counts=c["counts"], waves=c["wave"] - 1)
 
     # -- host side --------------------------------------------------------------------------------------
 
@@ -510,8 +594,9 @@ class CompiledRoller:
         """
         seeds = np.asarray(seeds, np.int32)
         if seeds.shape != (self.batch,):
-            raise ValueError(f"{self.game}: this roller plays K={self.batch} rollouts per call, got {seeds.shape[0]} "
-                             f"seeds")
+            raise ValueError(
+                f"{self.game}: this roller plays K={self.batch} rollouts per call, got {seeds.shape[0]} seeds"
+            )
         act = np.ones((self.batch, self.n), bool) if active is None else np.asarray(active, bool)
         if act.shape == (self.n,):
             act = np.broadcast_to(act, (self.batch, self.n))
@@ -527,8 +612,19 @@ class CompiledRoller:
         base, adapters = jax.device_put((base, adapters), self._device)
         return self._fn(base, adapters, seeds, key, ref, act)
 
-    def collect(self, seeds, key, *, adapters=None, base=None, round_idx: int = 0, reference: bool = False,
-                active=None, progress: bool = False, desc: str = "rollouts") -> rollout.RolloutResult:
+    def collect(
+        self,
+        seeds,
+        key,
+        *,
+        adapters=None,
+        base=None,
+        round_idx: int = 0,
+        reference: bool = False,
+        active=None,
+        progress: bool = False,
+        desc: str = "rollouts",
+    ) -> rollout.RolloutResult:
         """Plays ``len(seeds)`` episodes in calls of K and decodes them like :meth:`jaxopt_marl.rollout.Roller.collect`.
 
         ``len(seeds)`` need not be K: the seeds are played in batches of K (the last one padded with repeats of
@@ -562,8 +658,8 @@ class CompiledRoller:
 
             bar = tqdm(total=len(starts), desc=desc, unit=f"call of {self.batch} episodes", leave=False)
         for j in starts:
-            ss = seeds[j:j + self.batch]
-            aa = act[j:j + self.batch]
+            ss = seeds[j : j + self.batch]
+            aa = act[j : j + self.batch]
             pad = self.batch - len(ss)
             ss = ss + [ss[-1]] * pad
             aa = np.concatenate([aa, np.repeat(aa[-1:], pad, 0)]) if pad else aa
@@ -584,7 +680,7 @@ class CompiledRoller:
         mismatch = 0
         for j, (h, nb) in enumerate(zip(host, batches)):
             off = j * self.batch
-            tr, mm = self.traces(h.decisions, seeds[off:off + nb], round_idx, reference, rollout_offset=off, keep=nb)
+            tr, mm = self.traces(h.decisions, seeds[off : off + nb], round_idx, reference, rollout_offset=off, keep=nb)
             traces += tr
             mismatch += mm
             for key, v in h.traj.items():
@@ -595,13 +691,30 @@ class CompiledRoller:
             parse.counts[t["parse"]] += 1
         traj = {key: np.concatenate(v) for key, v in traj.items()}
         stats = {key: np.concatenate(v) for key, v in stats.items()}
-        return rollout.RolloutResult(returns=stats["team_return"].astype(np.float32), decisions=[], traces=traces,
-                                     parse=parse, traj=traj, stats=stats, seconds=seconds, llm_seconds=float("nan"),
-                                     device=outs, batches=batches, parse_mismatch=mismatch,
-                                     waves=int(sum(int(h.waves) for h in host)))
+        return rollout.RolloutResult(
+            returns=stats["team_return"].astype(np.float32),
+            decisions=[],
+            traces=traces,
+            parse=parse,
+            traj=traj,
+            stats=stats,
+            seconds=seconds,
+            llm_seconds=float("nan"),
+            device=outs,
+            batches=batches,
+            parse_mismatch=mismatch,
+            waves=int(sum(int(h.waves) for h in host)),
+        )
 
-    def traces(self, dec: DecisionBuffers, seeds, round_idx: int, reference: bool, rollout_offset: int = 0,
-               keep: int | None = None) -> tuple[list[dict], int]:
+    def traces(
+        self,
+        dec: DecisionBuffers,
+        seeds,
+        round_idx: int,
+        reference: bool,
+        rollout_offset: int = 0,
+        keep: int | None = None,
+    ) -> tuple[list[dict], int]:
         """The JSON traces of one call's decisions (host copies of :class:`DecisionBuffers`).
 
         Each record has today's fields (round, rollout, seed, step, aid, prompt = the user message, menu lines,
@@ -629,10 +742,10 @@ class CompiledRoller:
             if b >= keep:
                 continue
             pl = int(dec.prompt_len[d])
-            suffix_ids = [int(x) for x in dec.prompt[d, dec.prompt.shape[1] - pl:]]
+            suffix_ids = [int(x) for x in dec.prompt[d, dec.prompt.shape[1] - pl :]]
             suffix_text = tok.decode(suffix_ids, skip_special_tokens=False)
-            user = suffix_text[len(self._user_head):]
-            user = user[:user.index(self._user_tail)] if self._user_tail in user else user
+            user = suffix_text[len(self._user_head) :]
+            user = user[: user.index(self._user_tail)] if self._user_tail in user else user
             resp_ids = [int(x) for x, ok in zip(dec.response[d], dec.response_mask[d]) if ok]
             n_l = int(dec.n_letters[d])
             reason = parse_device.REASON_CODES[int(dec.reason[d])]
@@ -648,21 +761,42 @@ class CompiledRoller:
             opt = int(dec.option[d])
             tgt = dec.target[d]
             o = int(dec.outcome[d])
-            outcome = {OUTCOME_RUNNING: "running", OUTCOME_EPISODE_END: "episode_end", OUTCOME_IDLE: "idle",
-                       OUTCOME_SUCCESS: "success", OUTCOME_EFFECT_FAIL: "effect_fail"}.get(o)
+            outcome = {
+                OUTCOME_RUNNING: "running",
+                OUTCOME_EPISODE_END: "episode_end",
+                OUTCOME_IDLE: "idle",
+                OUTCOME_SUCCESS: "success",
+                OUTCOME_EFFECT_FAIL: "effect_fail",
+            }.get(o)
             if outcome is None:
                 outcome = f"explicit:{lib.reasons[o - OUTCOME_EXPLICIT_BASE]}"
             menu_text = menus.render_menu(lib, dec.menu_opt[d], dec.menu_target[d], dec.menu_letters[d])
-            out.append(dict(
-                round=int(round_idx), rollout=b + rollout_offset, seed=int(seeds[b]), step=int(dec.step[d]),
-                aid=int(dec.aid[d]), prompt=user, menu=menu_text.split("\n")[1:], response=response,
-                response_source="template" if self.cfg.mode == "choice_only" else "model",
-                choice=menus.LETTERS[letter] if reason == parsing.OK else None, parse=reason,
-                parse_fail=reason != parsing.OK, option=lib.option_names[opt] if opt >= 0 else "idle",
-                target=None if tgt[0] < 0 or inst < 0 else [int(tgt[1]), int(tgt[0])], outcome=outcome,
-                logp=float(dec.logp[d]), reference=bool(reference), wave=int(dec.wave[d]), n_letters=n_l,
-                prompt_text=self.prompt.prefix_text + suffix_text, prompt_ids=prefix + suffix_ids,
-                response_ids=resp_ids))
+            out.append(
+                dict(
+                    round=int(round_idx),
+                    rollout=b + rollout_offset,
+                    seed=int(seeds[b]),
+                    step=int(dec.step[d]),
+                    aid=int(dec.aid[d]),
+                    prompt=user,
+                    menu=menu_text.split("\n")[1:],
+                    response=response,
+                    response_source="template" if self.cfg.mode == "choice_only" else "model",
+                    choice=menus.LETTERS[letter] if reason == parsing.OK else None,
+                    parse=reason,
+                    parse_fail=reason != parsing.OK,
+                    option=lib.option_names[opt] if opt >= 0 else "idle",
+                    target=None if tgt[0] < 0 or inst < 0 else [int(tgt[1]), int(tgt[0])],
+                    outcome=outcome,
+                    logp=float(dec.logp[d]),
+                    reference=bool(reference),
+                    wave=int(dec.wave[d]),
+                    n_letters=n_l,
+                    prompt_text=self.prompt.prefix_text + suffix_text,
+                    prompt_ids=prefix + suffix_ids,
+                    response_ids=resp_ids,
+                )
+            )
         return out, mismatch
 
     # -- replay (GIFs) ----------------------------------------------------------------------------------
@@ -710,7 +844,7 @@ def _batch(dec: DecisionBuffers, adv, letter_ids, *, rows: int, width: int, mode
     d = jnp.arange(rows)
     valid = d < dec.count
     take = lambda x: x[:rows]
-    prompt = take(dec.prompt)[:, p - width:]
+    prompt = take(dec.prompt)[:, p - width :]
     plen = jnp.minimum(take(dec.prompt_len), width)
     pmask = (jnp.arange(width)[None] >= width - plen[:, None]) & valid[:, None]
     resp = take(dec.response)
@@ -726,15 +860,29 @@ def _batch(dec: DecisionBuffers, adv, letter_ids, *, rows: int, width: int, mode
         # Padding rows: their (pad) response token is the one candidate, as pack_decisions does.
         c = jnp.where(valid[:, None], c, jnp.full_like(c, -1).at[:, 0].set(pad_id))
         choice_ids = c.astype(jnp.int32)
-    return DecisionBatch(tokens=tokens.astype(jnp.int32), attention_mask=attn, response_mask=rm,
-                         agent_ids=jnp.where(valid, take(dec.aid), 0).astype(jnp.int32),
-                         advantages=jnp.where(valid, adv[take(dec.rollout)], 0.0).astype(jnp.float32),
-                         logp_old=jnp.zeros((rows,), jnp.float32), logp_ref=jnp.zeros((rows,), jnp.float32),
-                         valid=valid, choice_ids=choice_ids)
+    return DecisionBatch(
+        tokens=tokens.astype(jnp.int32),
+        attention_mask=attn,
+        response_mask=rm,
+        agent_ids=jnp.where(valid, take(dec.aid), 0).astype(jnp.int32),
+        advantages=jnp.where(valid, adv[take(dec.rollout)], 0.0).astype(jnp.float32),
+        logp_old=jnp.zeros((rows,), jnp.float32),
+        logp_ref=jnp.zeros((rows,), jnp.float32),
+        valid=valid,
+        choice_ids=choice_ids,
+    )
 
 
-def decision_batch(roller: CompiledRoller, res: rollout.RolloutResult, adv: np.ndarray, *, row_multiple: int,
-                   prefix: tuple[int, ...], width_step: int = 64, row_bucket: int = 64) -> DecisionBatch:
+def decision_batch(
+    roller: CompiledRoller,
+    res: rollout.RolloutResult,
+    adv: np.ndarray,
+    *,
+    row_multiple: int,
+    prefix: tuple[int, ...],
+    width_step: int = 64,
+    row_bucket: int = 64,
+) -> DecisionBatch:
     """The round's PA-MAGRPO batch from the compiled rollout's device buffers (no per-decision host work).
 
     Rows ``[prompt (left-padded to the round's longest, rounded up to width_step) | response]``; D rounded up to
@@ -764,12 +912,28 @@ def decision_batch(roller: CompiledRoller, res: rollout.RolloutResult, adv: np.n
     rows = max(mult, -(-count // mult) * mult)
     if rows > dec.prompt.shape[0]:  # the buffer is smaller than the bucket: pad it (rare; tiny episodes)
         extra = rows - dec.prompt.shape[0]
-        dec = jax.tree.map(lambda x: x if x.ndim == 0 else jnp.concatenate(
-            [x, jnp.zeros((extra,) + x.shape[1:], x.dtype)]), dec)
-    batch = _batch(dec, jnp.asarray(adv, jnp.float32), jnp.asarray(roller.letter_ids), rows=rows, width=width,
-                   mode=roller.cfg.mode, pad_id=roller.pad_id)
+        dec = jax.tree.map(
+            lambda x: x if x.ndim == 0 else jnp.concatenate([x, jnp.zeros((extra,) + x.shape[1:], x.dtype)]), dec
+        )
+    batch = _batch(
+        dec,
+        jnp.asarray(adv, jnp.float32),
+        jnp.asarray(roller.letter_ids),
+        rows=rows,
+        width=width,
+        mode=roller.cfg.mode,
+        pad_id=roller.pad_id,
+    )
     return batch.replace(response_len=roller.response_len, prefix=tuple(int(x) for x in prefix))
 
 
-__all__ = ["ChunkConfig", "CompiledResult", "CompiledRoller", "DecisionBuffers", "OUTCOME_EPISODE_END",
-           "OUTCOME_IDLE", "OUTCOME_RUNNING", "decision_batch"]
+__all__ = [
+    "ChunkConfig",
+    "CompiledResult",
+    "CompiledRoller",
+    "DecisionBuffers",
+    "OUTCOME_EPISODE_END",
+    "OUTCOME_IDLE",
+    "OUTCOME_RUNNING",
+    "decision_batch",
+]

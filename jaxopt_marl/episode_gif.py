@@ -9,8 +9,9 @@ below it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +32,25 @@ def legend_for(env: Any) -> list[tuple[str, tuple[int, int, int]]]:
     if hasattr(env, "layout_info"):
         from envs_jax import overcooked as oc
 
-        names = ("floor", "counter", "onion pile", "dish pile", "serving", "pot: empty", "pot: 1 onion",
-                 "pot: 2 onions", "pot: 3 onions", "pot: cooking", "pot: ready", "onion", "dish", "soup", "a0",
-                 "a1", "facing mark")
+        names = (
+            "floor",
+            "counter",
+            "onion pile",
+            "dish pile",
+            "serving",
+            "pot: empty",
+            "pot: 1 onion",
+            "pot: 2 onions",
+            "pot: 3 onions",
+            "pot: cooking",
+            "pot: ready",
+            "onion",
+            "dish",
+            "soup",
+            "a0",
+            "a1",
+            "facing mark",
+        )
         pal = np.asarray(oc.PALETTE)
         return [(n, tuple(int(c) for c in pal[k])) for k, n in enumerate(names)]
     if hasattr(env, "wall") and hasattr(env, "num_agents"):
@@ -59,8 +76,7 @@ def _font(size: int):
         return ImageFont.load_default()
 
 
-def annotate_frames(frames: np.ndarray, legend: Sequence[tuple[str, tuple[int, int, int]]],
-                    caption: str) -> np.ndarray:
+def annotate_frames(frames: np.ndarray, legend: Sequence[tuple[str, tuple[int, int, int]]], caption: str) -> np.ndarray:
     """Frames with a header (first line ``step t / T``, then ``caption``, wrapped) and a legend panel.
 
     Args:

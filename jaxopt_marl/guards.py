@@ -206,8 +206,9 @@ def synthesize_guards(
         succ = out == OUTCOME_SUCCESS
         fail = ~succ if explicit_counts_as_failure else out == OUTCOME_EFFECT_FAIL
         read = [feat_index[f] for f in read_sets.get(o_name, ())]
-        guards += _inferred_guards(o_name, features[rows][:, read] if read else None, read, fail, succ,
-                                   vocab, values, min_support)
+        guards += _inferred_guards(
+            o_name, features[rows][:, read] if read else None, read, fail, succ, vocab, values, min_support
+        )
         # Explicit channel: one bincount over this option's outcome codes.
         counts = np.bincount(out, minlength=n_outcomes)
         for k, reason in enumerate(vocab.reason_names):
@@ -364,7 +365,7 @@ def parse_guards(
         if not line.strip():
             continue
 
-        def fail(problem: str) -> ValueError:
+        def fail(problem: str, lineno: int = lineno) -> ValueError:
             return ValueError(f"{source}:{lineno}: {problem}")
 
         try:
@@ -492,11 +493,11 @@ def compile_guards(guards: Sequence[Guard], vocab: RecordVocab) -> CompiledGuard
             continue
         if len(guard.when) > MAX_LITERALS:
             raise ValueError(f"guard {i}: {len(guard.when)} literals; at most {MAX_LITERALS}")
-        for l, (f, v) in enumerate(guard.when):
+        for j, (f, v) in enumerate(guard.when):
             if f not in feats or v not in fvals[f]:
                 raise ValueError(f"guard {i}: unknown literal {f!r} == {v!r}")
-            feat[i, l] = feats[f]
-            val[i, l] = fvals[f].index(v)
+            feat[i, j] = feats[f]
+            val[i, j] = fvals[f].index(v)
     return CompiledGuards(*(jnp.asarray(a) for a in (opt, feat, val, reason)))
 
 

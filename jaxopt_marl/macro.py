@@ -29,7 +29,8 @@ per step at most, no scatter needed; :mod:`jaxopt_marl.burnin` drops the invalid
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -92,9 +93,14 @@ def _agents(lib: OptionLibrary) -> jax.Array:
 
 def _empty_rec(lib: OptionLibrary) -> Rec:
     a, f = lib.num_agents, lib.num_features
-    return Rec(valid=jnp.zeros((a,), bool), step=jnp.zeros((a,), jnp.int32), opt=jnp.full((a,), -1, jnp.int32),
-               target=jnp.full((a, 2), -1, jnp.int32), feats=jnp.full((a, f), -1, jnp.int32),
-               outcome=jnp.zeros((a,), jnp.int32))
+    return Rec(
+        valid=jnp.zeros((a,), bool),
+        step=jnp.zeros((a,), jnp.int32),
+        opt=jnp.full((a,), -1, jnp.int32),
+        target=jnp.full((a, 2), -1, jnp.int32),
+        feats=jnp.full((a, f), -1, jnp.int32),
+        outcome=jnp.zeros((a,), jnp.int32),
+    )
 
 
 def _where(mask: jax.Array, new, old):
@@ -121,10 +127,15 @@ def init(lib: OptionLibrary, env, key: jax.Array, acting: jax.Array, solo: jax.A
     empty = lib.empty_exec()
     slots = jax.tree.map(lambda x: jnp.broadcast_to(x, (lib.num_agents,) + jnp.shape(x)), empty)
     pre = jax.vmap(lambda a: lib.snapshot(state, a, jnp.full((2,), -1, jnp.int32)))(_agents(lib))
-    return MacroState(env=state, slots=slots, pre=pre, feats=jnp.full((lib.num_agents, lib.num_features), -1,
-                                                                        jnp.int32),
-                      t0=jnp.zeros((lib.num_agents,), jnp.int32), acting=jnp.asarray(acting, bool),
-                      solo=jnp.asarray(solo, bool))
+    return MacroState(
+        env=state,
+        slots=slots,
+        pre=pre,
+        feats=jnp.full((lib.num_agents, lib.num_features), -1, jnp.int32),
+        t0=jnp.zeros((lib.num_agents,), jnp.int32),
+        acting=jnp.asarray(acting, bool),
+        solo=jnp.asarray(solo, bool),
+    )
 
 
 def tables(lib: OptionLibrary, state) -> tuple[Instances, jax.Array]:
@@ -142,8 +153,9 @@ def needs_decision(lib: OptionLibrary, ms: MacroState) -> jax.Array:
     return ms.acting & lib.present(ms.env) & ~ms.slots.active & ~ms.env.done
 
 
-def begin(lib: OptionLibrary, ms: MacroState, choice: jax.Array, inst: Instances,
-          feats: jax.Array | None = None) -> tuple[MacroState, Rec]:
+def begin(
+    lib: OptionLibrary, ms: MacroState, choice: jax.Array, inst: Instances, feats: jax.Array | None = None
+) -> tuple[MacroState, Rec]:
     """Start the chosen instances; explicit failures at expansion become records right away.
 
     Args:
@@ -175,10 +187,20 @@ def begin(lib: OptionLibrary, ms: MacroState, choice: jax.Array, inst: Instances
     started = chosen & (reason == NO_REASON)
     failed = chosen & (reason != NO_REASON)
     slots = _where(started, ex, ms.slots)
-    ms = ms.replace(slots=slots, pre=_where(started, pre, ms.pre), feats=_where(started, f0, ms.feats),
-                    t0=jnp.where(started, state.step, ms.t0))
-    rec = Rec(valid=failed, step=jnp.broadcast_to(state.step, choice.shape).astype(jnp.int32), opt=opt,
-              target=target, feats=f0, outcome=OUTCOME_EXPLICIT_BASE + jnp.maximum(reason, 0))
+    ms = ms.replace(
+        slots=slots,
+        pre=_where(started, pre, ms.pre),
+        feats=_where(started, f0, ms.feats),
+        t0=jnp.where(started, state.step, ms.t0),
+    )
+    rec = Rec(
+        valid=failed,
+        step=jnp.broadcast_to(state.step, choice.shape).astype(jnp.int32),
+        opt=opt,
+        target=target,
+        feats=f0,
+        outcome=OUTCOME_EXPLICIT_BASE + jnp.maximum(reason, 0),
+    )
     return ms, rec
 
 

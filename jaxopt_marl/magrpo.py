@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -154,13 +154,17 @@ class MAGRPOConfig:
 
     def __post_init__(self):
         if self.num_rollouts < 1 or self.epochs < 1 or self.num_minibatches < 1:
-            raise ValueError("num_rollouts, epochs and num_minibatches must be >= 1, got "
-                             f"{self.num_rollouts}, {self.epochs}, {self.num_minibatches}")
+            raise ValueError(
+                "num_rollouts, epochs and num_minibatches must be >= 1, got "
+                f"{self.num_rollouts}, {self.epochs}, {self.num_minibatches}"
+            )
         if not 0.0 < self.clip_eps < 1.0:
             raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.kl_beta < 0 or self.learning_rate <= 0 or self.weight_decay < 0:
-            raise ValueError("kl_beta and weight_decay must be >= 0 and learning_rate > 0, got "
-                             f"{self.kl_beta}, {self.weight_decay}, {self.learning_rate}")
+            raise ValueError(
+                "kl_beta and weight_decay must be >= 0 and learning_rate > 0, got "
+                f"{self.kl_beta}, {self.weight_decay}, {self.learning_rate}"
+            )
         if self.micro_batch < 0:
             raise ValueError(f"micro_batch must be >= 0, got {self.micro_batch}")
         if self.std_ddof not in (0, 1):
@@ -177,7 +181,7 @@ class MAGRPOConfig:
         return self.epochs * self.num_minibatches
 
     @classmethod
-    def paper(cls, game: str = "cleanup", **overrides) -> "MAGRPOConfig":
+    def paper(cls, game: str = "cleanup", **overrides) -> MAGRPOConfig:
         """§6.1 settings: Cleanup / Harvest (lr 5e-5, K 4, T 0.7) or Overcooked (lr 2e-5, K 6, T 0.9)."""
         if game.startswith("overcooked"):
             base = dict(learning_rate=2e-5, num_rollouts=6, temperature=0.9)
@@ -188,7 +192,7 @@ class MAGRPOConfig:
         return cls(**{**base, **overrides})
 
     @classmethod
-    def smoke(cls, **overrides) -> "MAGRPOConfig":
+    def smoke(cls, **overrides) -> MAGRPOConfig:
         """Tiny-model preset for tests: large learning rate so a few rounds move a random model."""
         return cls(**{**dict(learning_rate=1e-2, num_rollouts=8, temperature=1.0), **overrides})
 
@@ -207,8 +211,7 @@ def _centred(returns: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 @register("advantage", "grpo")
-def group_relative_advantage(returns: jax.Array, *, ddof: int = 0, eps: float = STD_EPS
-                             ) -> jax.Array:
+def group_relative_advantage(returns: jax.Array, *, ddof: int = 0, eps: float = STD_EPS) -> jax.Array:
     """Group-relative advantage A_k = (R_k - mean) / std within each cohort (Algorithm 1, step 6).
 
     A cohort with all-equal returns, or std < ``eps``, gets exactly 0.0 (see the module docstring).
@@ -252,8 +255,9 @@ def decision_advantages(rollout_advantages: jax.Array, rollout_ids: jax.Array) -
 
 
 @register("policy_loss", "ppo_clip")
-def ppo_clip_loss(logp_new: jax.Array, logp_old: jax.Array, advantages: jax.Array, *,
-                  clip_eps: float) -> tuple[jax.Array, jax.Array]:
+def ppo_clip_loss(
+    logp_new: jax.Array, logp_old: jax.Array, advantages: jax.Array, *, clip_eps: float
+) -> tuple[jax.Array, jax.Array]:
     """PPO-clip surrogate per decision: -min(rho A, clip(rho, 1 - eps, 1 + eps) A).
 
     Args:
@@ -291,8 +295,9 @@ def kl_k1(logp_new: jax.Array, logp_ref: jax.Array) -> jax.Array:
     return logp_new - logp_ref
 
 
-def masked_group_mean(values: jax.Array, groups: jax.Array, mask: jax.Array, num_groups: int,
-                      counts: jax.Array | None = None) -> jax.Array:
+def masked_group_mean(
+    values: jax.Array, groups: jax.Array, mask: jax.Array, num_groups: int, counts: jax.Array | None = None
+) -> jax.Array:
     """Mean of ``values`` over the valid decisions of each group (agent); 0 for an empty group.
 
     Args:
@@ -320,11 +325,21 @@ def group_counts(groups: jax.Array, mask: jax.Array, num_groups: int) -> jax.Arr
     return onehot.sum(axis=0).astype(jnp.float32)
 
 
-def magrpo_loss(logp_new: jax.Array, logp_old: jax.Array, logp_ref: jax.Array,
-                advantages: jax.Array, mask: jax.Array, groups: jax.Array, num_groups: int, *,
-                clip_eps: float, kl_beta: float, policy_loss: str = "ppo_clip",
-                kl_estimator: str = "k3", counts: jax.Array | None = None
-                ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def magrpo_loss(
+    logp_new: jax.Array,
+    logp_old: jax.Array,
+    logp_ref: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    groups: jax.Array,
+    num_groups: int,
+    *,
+    clip_eps: float,
+    kl_beta: float,
+    policy_loss: str = "ppo_clip",
+    kl_estimator: str = "k3",
+    counts: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The summed per-agent PA-MAGRPO loss sum_i L^i (Algorithm 1, step 7).
 
     L^i = mean over agent i's valid decisions of [policy term] + beta * mean of [KL term]. Summing over
@@ -356,8 +371,7 @@ def magrpo_loss(logp_new: jax.Array, logp_old: jax.Array, logp_ref: jax.Array,
     pg, ratio = get("policy_loss", policy_loss)(logp_new, logp_old, advantages, clip_eps=clip_eps)
     kl = get("kl", kl_estimator)(logp_new, logp_ref)
     per_dec = pg + kl_beta * kl
-    mean = functools.partial(masked_group_mean, groups=groups, mask=mask, num_groups=num_groups,
-                             counts=counts)
+    mean = functools.partial(masked_group_mean, groups=groups, mask=mask, num_groups=num_groups, counts=counts)
     per_agent = mean(per_dec)
     clipped = (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)
     onehot = (groups[:, None] == jnp.arange(num_groups)[None, :]) & mask[:, None]

@@ -52,8 +52,9 @@ class Menu(NamedTuple):
     letters: jax.Array
 
 
-def decision_key(seed: int | jax.Array, ep: int | jax.Array, aid: int | jax.Array,
-                 decision: int | jax.Array) -> jax.Array:
+def decision_key(
+    seed: int | jax.Array, ep: int | jax.Array, aid: int | jax.Array, decision: int | jax.Array
+) -> jax.Array:
     """The letter-shuffle key of one decision: ``fold_in(fold_in(fold_in(PRNGKey(seed), ep), aid), decision)``.
 
     Deterministic per (seed, episode, agent, decision index), so a replayed episode shows the same menus.
@@ -62,8 +63,9 @@ def decision_key(seed: int | jax.Array, ep: int | jax.Array, aid: int | jax.Arra
     return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, ep), aid), decision)
 
 
-def feasibility(lib: OptionLibrary, guards: CompiledGuards, state, aid) -> tuple[Instances, jax.Array, jax.Array,
-                                                                                  jax.Array]:
+def feasibility(
+    lib: OptionLibrary, guards: CompiledGuards, state, aid
+) -> tuple[Instances, jax.Array, jax.Array, jax.Array]:
     """Instance table, features, live reasons and the guard mask of one agent (jittable)."""
     inst = lib.instances(state, aid)
     feats = lib.features(state, aid, inst)
@@ -108,7 +110,7 @@ def menu_lines(lib: OptionLibrary, opt, target, letters) -> list[tuple[str, int]
     """``[(line text, instance index)]`` in letter order (host side; one agent's menu arrays)."""
     opt, target, letters = np.asarray(opt), np.asarray(target), np.asarray(letters)
     rows = sorted((int(letters[i]), i) for i in np.flatnonzero(letters >= 0))
-    return [(f"{LETTERS[l]}) {lib.label(opt[i], target[i])}", i) for l, i in rows]
+    return [(f"{LETTERS[let]}) {lib.label(opt[i], target[i])}", i) for let, i in rows]
 
 
 def render_menu(lib: OptionLibrary, opt, target, letters) -> str:
@@ -132,5 +134,16 @@ def parse_choice(letters, letter: str) -> int:
     return int(hit[0]) if hit.size else -1
 
 
-__all__ = ["LETTERS", "MENU_HEADER", "Menu", "assign_letters", "build_menu", "decision_key", "feasibility",
-           "make_menu_fn", "menu_lines", "parse_choice", "render_menu"]
+__all__ = [
+    "LETTERS",
+    "MENU_HEADER",
+    "Menu",
+    "assign_letters",
+    "build_menu",
+    "decision_key",
+    "feasibility",
+    "make_menu_fn",
+    "menu_lines",
+    "parse_choice",
+    "render_menu",
+]

@@ -61,9 +61,9 @@ def sustainability(rewards: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_t = (pos * t).sum(axis=-2) / count
         rewarded = count > 0
-        return np.where(rewarded.any(axis=-1),
-                        np.nansum(np.where(rewarded, mean_t, 0.0), axis=-1) / rewarded.sum(axis=-1),
-                        np.nan)
+        return np.where(
+            rewarded.any(axis=-1), np.nansum(np.where(rewarded, mean_t, 0.0), axis=-1) / rewarded.sum(axis=-1), np.nan
+        )
 
 
 def peace(alive: np.ndarray) -> np.ndarray:

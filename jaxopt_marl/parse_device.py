@@ -78,7 +78,8 @@ from jaxopt_marl.parsing import EMPTY, FAILURE_REASONS, INVALID_LETTER, MULTIPLE
 # Reason codes of :func:`parse`: index into this tuple (0 = ok, then parsing.FAILURE_REASONS in order).
 REASON_CODES = (OK,) + FAILURE_REASONS
 REASON_OK, REASON_EMPTY, REASON_NO_CHOICE, REASON_MULTIPLE_CHOICES, REASON_INVALID_LETTER = (
-    REASON_CODES.index(r) for r in (OK, EMPTY, NO_CHOICE, MULTIPLE_CHOICES, INVALID_LETTER))
+    REASON_CODES.index(r) for r in (OK, EMPTY, NO_CHOICE, MULTIPLE_CHOICES, INVALID_LETTER)
+)
 # Menu letters: string.ascii_uppercase[:n_letters]; letter codes are indices into it.
 MENU_LETTERS = string.ascii_uppercase
 NO_LETTER = -1
@@ -88,29 +89,46 @@ NO_LETTER = -1
 # include \s get Unicode whitespace added in _char_tables. Keyword / pronoun words match case-insensitively.
 # ---------------------------------------------------------------------------------------------------------
 
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"              # _THINK: (?is)<think>.*?</think>
-_MARKUP_CHARS = "*`"                                           # _MARKUP: \*+|`+ (each such char goes)
-_MARKUP_RUN = "_"                                              # _MARKUP: __+ (runs of two or more go)
-_LEAD_CHARS = ">#-+"                                           # _LEAD: ^[\s>#\-+]*
-_STATE_WORD = "state"                                          # _STATE: (?i)^state\s*[:=\-]
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"  # _THINK: (?is)<think>.*?</think>
+_MARKUP_CHARS = "*`"  # _MARKUP: \*+|`+ (each such char goes)
+_MARKUP_RUN = "_"  # _MARKUP: __+ (runs of two or more go)
+_LEAD_CHARS = ">#-+"  # _LEAD: ^[\s>#\-+]*
+_STATE_WORD = "state"  # _STATE: (?i)^state\s*[:=\-]
 _STATE_CONNECTORS = ":=-"
 # _KEYWORD: \b(?:(?:final|my)\s+)?(?:choice|...)\b\s*(?:\bis\b)?\s*[:=\-\u2013\u2014]?\s*(?P<rest>.*)$
 _KEYWORDS = ("choice", "answer", "option", "action", "selection")
 _KEYWORD_IS = "is"
 _KEYWORD_CONNECTORS = ":=-\u2013\u2014"
-_LETTER_OPENERS = "([{\"'<_"                                   # _LETTER and _LONE: ^[\s(\[{"'<_]*
-_LONE_CLOSERS = ")]}\"'>.:_"                                   # _LONE: [\s)\]}"'>.:_]*$
+_LETTER_OPENERS = "([{\"'<_"  # _LETTER and _LONE: ^[\s(\[{"'<_]*
+_LONE_CLOSERS = ")]}\"'>.:_"  # _LONE: [\s)\]}"'>.:_]*$
 # _ALTERNATIVE: ^[\s)\]}"'>.]*(?:,|/|\||&|\bor\b|\band\b)\s*[(\["']*(?P<letter>[A-Za-z])(?![A-Za-z0-9])
 _ALT_CLOSERS = ")]}\"'>."
 _ALT_SEPARATORS = ",/|&"
-_ALT_WORDS = ("or", "and")                                     # also the article rule's (?i)^\s+(?:or|and)\b
+_ALT_WORDS = ("or", "and")  # also the article rule's (?i)^\s+(?:or|and)\b
 _ALT_OPENERS = "([\"'"
 # _PRONOUN: (?i)^(?:'(?:ll|m|d|ve)\b|\s+(?:think|will|...|must)\b), tried after the letter I.
 _PRONOUN_LETTER = "I"
 _PRONOUN_APOSTROPHE = "'"
 _PRONOUN_CONTRACTIONS = ("ll", "m", "d", "ve")
-_PRONOUN_VERBS = ("think", "will", "would", "choose", "chose", "pick", "select", "go", "am", "believe",
-                  "guess", "need", "should", "want", "prefer", "can", "must")
+_PRONOUN_VERBS = (
+    "think",
+    "will",
+    "would",
+    "choose",
+    "chose",
+    "pick",
+    "select",
+    "go",
+    "am",
+    "believe",
+    "guess",
+    "need",
+    "should",
+    "want",
+    "prefer",
+    "can",
+    "must",
+)
 
 # ---------------------------------------------------------------------------------------------------------
 # Character classes: class id c < 128 is the ASCII character c; ids 128.. are the non-ASCII classes (code
@@ -121,8 +139,25 @@ _PRONOUN_VERBS = ("think", "will", "would", "choose", "chose", "pick", "select",
 
 _MAX_CODE_POINT = 0x10FFFF
 _REPLACEMENT_CHAR = 0xFFFD  # class of every byte that is not valid UTF-8
-(_SPACE, _BREAK, _WORD, _LEAD, _LETTER_OPEN, _LONE_CLOSE, _ALT_CLOSE, _ALT_OPEN, _ALPHA, _ALNUM, _LOWER,
- _IALPHA, _IALNUM, _KEYWORD_CONN, _STATE_CONN, _ALT_SEP, _MARKUP) = (1 << b for b in range(17))
+(
+    _SPACE,
+    _BREAK,
+    _WORD,
+    _LEAD,
+    _LETTER_OPEN,
+    _LONE_CLOSE,
+    _ALT_CLOSE,
+    _ALT_OPEN,
+    _ALPHA,
+    _ALNUM,
+    _LOWER,
+    _IALPHA,
+    _IALNUM,
+    _KEYWORD_CONN,
+    _STATE_CONN,
+    _ALT_SEP,
+    _MARKUP,
+) = (1 << b for b in range(17))
 _FOLD_SHIFT, _UPPER_SHIFT, _FIELD_MASK = 20, 25, 31
 _FOLD_BITS, _WINDOW = 5, 6  # letters packed per int32 word window (6 * 5 bits)
 # Code point -> class is a two-level table: blocks of 2**_BLOCK_BITS code points, identical blocks shared.
@@ -136,11 +171,11 @@ _PAD = 16
 class _CharTables(NamedTuple):
     """Host-side (numpy) class tables, built once per process by :func:`_char_tables`."""
 
-    flags: np.ndarray     # int32[K]: packed flags of each class id
+    flags: np.ndarray  # int32[K]: packed flags of each class id
     block_of: np.ndarray  # uint8[0x110000 >> _BLOCK_BITS]: the block of each code point's high bits
-    blocks: np.ndarray    # uint8[U, 1 << _BLOCK_BITS]: class id of each code point of each distinct block
-    invalid: int          # class id of a byte that is not valid UTF-8 (that of U+FFFD)
-    end: int              # class id of END
+    blocks: np.ndarray  # uint8[U, 1 << _BLOCK_BITS]: class id of each code point of each distinct block
+    invalid: int  # class id of a byte that is not valid UTF-8 (that of U+FFFD)
+    end: int  # class id of END
 
 
 def _mark(table: np.ndarray, chars: str, bits: int) -> None:
@@ -155,7 +190,7 @@ def _char_tables() -> _CharTables:
     flags = np.zeros(_MAX_CODE_POINT + 1, np.int64)
     for pattern, bits in ((r"\s+", _SPACE | _LEAD | _LETTER_OPEN | _LONE_CLOSE | _ALT_CLOSE), (r"\w+", _WORD)):
         for m in re.finditer(pattern, everything):
-            flags[m.start():m.end()] |= bits
+            flags[m.start() : m.end()] |= bits
     # str.splitlines: every piece but the last ends with its break (no \r\n pair occurs in `everything`).
     for piece in everything.splitlines(keepends=True)[:-1]:
         flags[ord(piece[-1])] |= _BREAK
@@ -191,13 +226,15 @@ def _char_tables() -> _CharTables:
         raise RuntimeError(f"{len(class_flags)} character classes do not fit the uint8 tables")
     class_of = np.concatenate([np.arange(128), run_class + 128]).astype(np.uint8)
     distinct: dict[bytes, int] = {}
-    block_of = np.array([distinct.setdefault(row.tobytes(), len(distinct))
-                         for row in class_of.reshape(-1, 1 << _BLOCK_BITS)])
+    block_of = np.array(
+        [distinct.setdefault(row.tobytes(), len(distinct)) for row in class_of.reshape(-1, 1 << _BLOCK_BITS)]
+    )
     if len(distinct) > 256:
         raise RuntimeError(f"{len(distinct)} distinct blocks do not fit the uint8 block index")
     blocks = np.frombuffer(b"".join(distinct), np.uint8).reshape(len(distinct), -1)
-    return _CharTables(class_flags, block_of.astype(np.uint8), blocks,
-                       int(class_of[_REPLACEMENT_CHAR]), len(class_flags) - 1)
+    return _CharTables(
+        class_flags, block_of.astype(np.uint8), blocks, int(class_of[_REPLACEMENT_CHAR]), len(class_flags) - 1
+    )
 
 
 # UTF-8 lead bytes (RFC 3629 / Unicode Table 3-7): sequence length, and the allowed range of the 2nd byte.
@@ -272,7 +309,8 @@ class _Chars:
         self.upper = ((self.packed >> _UPPER_SHIFT) & _FIELD_MASK) - 1
         # The (?i) letters at p .. p + _WINDOW - 1, _FOLD_BITS bits each: one compare matches a word.
         self.window = functools.reduce(
-            jnp.bitwise_or, (_shift(self.fold, k, 0) << (_FOLD_BITS * k) for k in range(_WINDOW)))
+            jnp.bitwise_or, (_shift(self.fold, k, 0) << (_FOLD_BITS * k) for k in range(_WINDOW))
+        )
 
     def has(self, bits: int) -> jax.Array:
         return (self.packed & bits) != 0
@@ -282,7 +320,7 @@ class _Chars:
         hit = jnp.ones(self.cls.shape, bool)
         if word.isalpha():
             for start in range(0, len(word), _WINDOW):
-                part = word[start:start + _WINDOW]
+                part = word[start : start + _WINDOW]
                 code = sum(_fold_code(c) << (_FOLD_BITS * k) for k, c in enumerate(part))
                 hit &= (_shift(self.window, start, 0) & ((1 << (_FOLD_BITS * len(part))) - 1)) == code
             return hit
@@ -314,14 +352,20 @@ def _decode(buf: jax.Array, n: jax.Array, tables: _CharTables) -> tuple[jax.Arra
     def cont(b):
         return (b >= 0x80) & (b <= 0xBF)
 
-    valid = ((length == 1)
-             | ((length >= 2) & (b1 >= jnp.asarray(_UTF8_LO)[b0]) & (b1 <= jnp.asarray(_UTF8_HI)[b0])
-                & ((length < 3) | cont(b2)) & ((length < 4) | cont(b3))))
+    valid = (length == 1) | (
+        (length >= 2)
+        & (b1 >= jnp.asarray(_UTF8_LO)[b0])
+        & (b1 <= jnp.asarray(_UTF8_HI)[b0])
+        & ((length < 3) | cont(b2))
+        & ((length < 4) | cont(b3))
+    )
     valid &= idx + length <= n
     c1, c2, c3 = (b & 0x3F for b in (b1, b2, b3))  # continuation payloads
-    cp = jnp.select([length == 2, length == 3, length == 4],
-                    [(b0 & 0x1F) << 6 | c1, (b0 & 0x0F) << 12 | c1 << 6 | c2,
-                     (b0 & 0x07) << 18 | c1 << 12 | c2 << 6 | c3], b0)
+    cp = jnp.select(
+        [length == 2, length == 3, length == 4],
+        [(b0 & 0x1F) << 6 | c1, (b0 & 0x0F) << 12 | c1 << 6 | c2, (b0 & 0x07) << 18 | c1 << 12 | c2 << 6 | c3],
+        b0,
+    )
     cp = jnp.where(valid, cp, _REPLACEMENT_CHAR)  # in range for the table
     block = jnp.asarray(tables.block_of)[cp >> _BLOCK_BITS].astype(jnp.int32)
     cls = jnp.asarray(tables.blocks)[block, cp & ((1 << _BLOCK_BITS) - 1)].astype(jnp.int32)
@@ -338,8 +382,8 @@ def _strip_think_and_markup(ch: _Chars, count: jax.Array, end: int) -> tuple[jax
     opens, closes = ch.match(_THINK_OPEN), ch.match(_THINK_CLOSE)
     last_tag = _prev_true(opens | closes)
     (last_opens,) = _gather(last_tag, opens)
-    inside = (last_tag >= 0) & last_opens        # the last tag at or before p opens
-    opened_before = _shift(inside, -1, False)    # the last tag strictly before p opens
+    inside = (last_tag >= 0) & last_opens  # the last tag at or before p opens
+    opened_before = _shift(inside, -1, False)  # the last tag strictly before p opens
     closed_later = _next_true(closes) < size
     block_start = opens & ~opened_before & closed_later
     last_close = _prev_true(closes & opened_before)  # closing tags that end a block
@@ -379,7 +423,7 @@ def _alternatives(ch: _Chars, nonspace: jax.Array, brk: jax.Array) -> jax.Array:
     counted = node & differs
     before = jnp.cumsum(counted, dtype=jnp.int32) - counted  # differing nodes before p
     (at_stop,) = _gather(_next_true(node & ~link), before)
-    (from_next,) = _gather(v + 1, at_stop - before)           # differing nodes from the next node on
+    (from_next,) = _gather(v + 1, at_stop - before)  # differing nodes from the next node on
     return differs | (link & (from_next > 0))
 
 
@@ -387,9 +431,9 @@ def _parse_chars(ch: _Chars) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Lines of the stripped text -> (any candidate, one letter or the least, several letters)."""
     size = ch.cls.shape[0]
     space, brk = ch.has(_SPACE), ch.has(_BREAK)
-    nonspace = _next_true(~space | brk)              # next non-space, or the line's end
+    nonspace = _next_true(~space | brk)  # next non-space, or the line's end
     line_end = _next_true(brk)
-    content = ~ch.has(_LEAD) & ~brk                 # may start a line's content (after _LEAD's marks)
+    content = ~ch.has(_LEAD) & ~brk  # may start a line's content (after _LEAD's marks)
     before = _shift(_prev_true(content | brk), -1, -1)
     (brk_before,) = _gather(before, brk)
     start = content & ((before < 0) | brk_before)  # each non-empty line's content start
@@ -411,15 +455,17 @@ def _parse_chars(ch: _Chars) -> tuple[jax.Array, jax.Array, jax.Array]:
     nonspace1 = _shift(nonspace, 1, size)
     first_letter = _next_true(~ch.has(_LETTER_OPEN) | brk)  # _LETTER's openers skipped
     is_word, r_conn, r_ns1, r_ns_is, r_letter = _gather(
-        r, ch.word(_KEYWORD_IS), conn, nonspace1, _shift(nonspace, len(_KEYWORD_IS), size), first_letter)
+        r, ch.word(_KEYWORD_IS), conn, nonspace1, _shift(nonspace, len(_KEYWORD_IS), size), first_letter
+    )
     s_conn, s_ns1, s_letter = _gather(r_ns_is, conn, nonspace1, first_letter)
-    r_conn, r_ns1, r_letter = (jnp.where(is_word, b, a) for a, b in
-                               ((r_conn, s_conn), (r_ns1, s_ns1), (r_letter, s_letter)))
+    r_conn, r_ns1, r_letter = (
+        jnp.where(is_word, b, a) for a, b in ((r_conn, s_conn), (r_ns1, s_ns1), (r_letter, s_letter))
+    )
     (t_letter,) = _gather(r_ns1, first_letter)
     l = jnp.where(r_conn, t_letter, r_letter)  # noqa: E741  (the letter's position)
 
     # Facts about what follows a letter at p - 1 (so they are read at l + 1).
-    spaced = space & ~brk                            # \s+ inside the line
+    spaced = space & ~brk  # \s+ inside the line
     contraction = jnp.zeros(size, bool)
     for c in _PRONOUN_CONTRACTIONS:
         contraction |= _shift(ch.word(c), 1, False)
@@ -429,11 +475,14 @@ def _parse_chars(ch: _Chars) -> tuple[jax.Array, jax.Array, jax.Array]:
     or_and = ch.word(_ALT_WORDS[0]) | ch.word(_ALT_WORDS[1])
     next_verb, next_article = _gather(nonspace, verb, ch.has(_ALNUM) & ~or_and)
     pronoun_after = ((ch.cls == ord(_PRONOUN_APOSTROPHE)) & contraction) | (spaced & next_verb)
-    article_after = spaced & next_article            # \s+ then a letter or digit, not "or" / "and"
+    article_after = spaced & next_article  # \s+ then a letter or digit, not "or" / "and"
     alternatives = _alternatives(ch, nonspace, brk)
     l_cls, l_packed, l_alnum_after, l_pronoun, l_article, l_alt = _gather(
-        l, ch.cls, ch.packed, *(_shift(x, 1, False) for x in
-                                (ch.has(_ALNUM), pronoun_after, article_after, alternatives)))
+        l,
+        ch.cls,
+        ch.packed,
+        *(_shift(x, 1, False) for x in (ch.has(_ALNUM), pronoun_after, article_after, alternatives)),
+    )
     has = lambda packed, bits: (packed & bits) != 0  # noqa: E731
     found = has(l_packed, _ALPHA) & ~l_alnum_after
     found &= ~((l_cls == ord(_PRONOUN_LETTER)) & l_pronoun) & ~(has(l_packed, _LOWER) & l_article)
@@ -443,8 +492,7 @@ def _parse_chars(ch: _Chars) -> tuple[jax.Array, jax.Array, jax.Array]:
     keyword_hit = start & ~is_state & (q < line_end) & q_found
 
     # _LONE: openers, an ASCII letter, then only closers to the end of the line.
-    lone_packed, lone_rest = _gather(first_letter, ch.packed,
-                                     _shift(_next_true(~ch.has(_LONE_CLOSE) | brk), 1, size))
+    lone_packed, lone_rest = _gather(first_letter, ch.packed, _shift(_next_true(~ch.has(_LONE_CLOSE) | brk), 1, size))
     lone_hit = start & ~is_state & ~keyword_hit & has(lone_packed, _ALPHA) & (lone_rest == line_end)
     lone_letter = ((lone_packed >> _FOLD_SHIFT) & _FIELD_MASK) - 1
 
@@ -494,9 +542,11 @@ def parse(buf: jax.Array, n: jax.Array, n_letters: jax.Array) -> tuple[jax.Array
     cls, _ = _strip_think_and_markup(chars, count, tables.end)
     any_hit, letter, several = _parse_chars(_Chars(cls, flags_table))
     n_letters = jnp.clip(n_letters.astype(jnp.int32), 0, len(MENU_LETTERS))
-    reason = jnp.select([empty, ~any_hit, several, letter >= n_letters],
-                        [REASON_EMPTY, REASON_NO_CHOICE, REASON_MULTIPLE_CHOICES, REASON_INVALID_LETTER],
-                        REASON_OK).astype(jnp.int32)
+    reason = jnp.select(
+        [empty, ~any_hit, several, letter >= n_letters],
+        [REASON_EMPTY, REASON_NO_CHOICE, REASON_MULTIPLE_CHOICES, REASON_INVALID_LETTER],
+        REASON_OK,
+    ).astype(jnp.int32)
     return reason, jnp.where(reason == REASON_OK, letter, NO_LETTER).astype(jnp.int32)
 
 
@@ -511,8 +561,7 @@ def _byte_level_alphabet() -> dict[str, int]:
     Printable Latin-1 bytes (``!``..``~``, ``¡``..``¬``, ``®``..``ÿ``) stand for themselves; the other 68
     bytes, in increasing order, take the characters U+0100, U+0101, ...
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
     table = {chr(b): b for b in printable}
     table.update({chr(256 + k): b for k, b in enumerate(others)})
@@ -531,7 +580,7 @@ class ByteTable(NamedTuple):
     lens: jax.Array
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "ByteTable":
+    def from_tokenizer(cls, tokenizer) -> ByteTable:
         """Builds the table of a byte-level BPE tokenizer (``transformers`` fast or ``tokenizers``).
 
         The rule is that of the ``tokenizers`` ByteLevel decoder (measured on tokenizers 0.23): every token
@@ -550,8 +599,9 @@ class ByteTable(NamedTuple):
         if not hasattr(backend, "get_added_tokens_decoder"):
             raise ValueError(f"{type(tokenizer).__name__} is not a tokenizers-backed (fast) tokenizer")
         if type(decoder).__name__ != "ByteLevel":
-            raise ValueError(f"the tokenizer's decoder is {type(decoder).__name__}, not ByteLevel: "
-                             "its tokens' bytes are not known")
+            raise ValueError(
+                f"the tokenizer's decoder is {type(decoder).__name__}, not ByteLevel: its tokens' bytes are not known"
+            )
         alphabet = _byte_level_alphabet()
         special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
         size = backend.get_vocab_size(with_added_tokens=True)
@@ -567,7 +617,7 @@ class ByteTable(NamedTuple):
         width = max(1, max(map(len, raw)))
         table = np.zeros((size, width), np.uint8)
         for i, b in enumerate(raw):
-            table[i, :len(b)] = np.frombuffer(b, np.uint8)
+            table[i, : len(b)] = np.frombuffer(b, np.uint8)
         return cls(jnp.asarray(table), jnp.asarray([len(b) for b in raw], jnp.int32))
 
 
@@ -605,13 +655,25 @@ def response_bytes(table: ByteTable, tokens: jax.Array, mask: jax.Array) -> tupl
     return jnp.where(j < n, buf, 0).astype(jnp.uint8), n
 
 
-def parse_tokens(table: ByteTable, tokens: jax.Array, mask: jax.Array, n_letters: jax.Array
-                 ) -> tuple[jax.Array, jax.Array]:
+def parse_tokens(
+    table: ByteTable, tokens: jax.Array, mask: jax.Array, n_letters: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """:func:`response_bytes` then :func:`parse`: int32[M] tokens (bool[M] mask) -> ``(reason, letter)``."""
     buf, n = response_bytes(table, tokens, mask)
     return parse(buf, n, n_letters)
 
 
-__all__ = ["MENU_LETTERS", "NO_LETTER", "REASON_CODES", "REASON_EMPTY", "REASON_INVALID_LETTER",
-           "REASON_MULTIPLE_CHOICES", "REASON_NO_CHOICE", "REASON_OK", "ByteTable", "parse", "parse_tokens",
-           "response_bytes"]
+__all__ = [
+    "MENU_LETTERS",
+    "NO_LETTER",
+    "REASON_CODES",
+    "REASON_EMPTY",
+    "REASON_INVALID_LETTER",
+    "REASON_MULTIPLE_CHOICES",
+    "REASON_NO_CHOICE",
+    "REASON_OK",
+    "ByteTable",
+    "parse",
+    "parse_tokens",
+    "response_bytes",
+]

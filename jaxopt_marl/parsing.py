@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 OK = "ok"
 EMPTY = "empty"
@@ -57,13 +57,14 @@ FAILURE_REASONS = (EMPTY, NO_CHOICE, MULTIPLE_CHOICES, INVALID_LETTER)
 # Keyword that introduces the chosen letter, with optional lead-in and connector.
 _KEYWORD = re.compile(
     r"(?i)\b(?:(?:final|my)\s+)?(?:choice|answer|option|action|selection)\b"
-    r"\s*(?:\bis\b)?\s*[:=\-\u2013\u2014]?\s*(?P<rest>.*)$")
+    r"\s*(?:\bis\b)?\s*[:=\-\u2013\u2014]?\s*(?P<rest>.*)$"
+)
 # A letter with optional opening wrappers, then the boundary that follows it.
 _LETTER = re.compile(r"""^[\s(\[{"'<_]*(?P<letter>[A-Za-z])(?![A-Za-z0-9])(?P<after>.*)$""")
 # A second letter offered as an alternative: "B or C", "B, C", "B/C", "B and C", "B|C".
 _ALTERNATIVE = re.compile(
-    r"""^[\s)\]}"'>.]*(?:,|/|\||&|\bor\b|\band\b)\s*[(\["']*(?P<letter>[A-Za-z])(?![A-Za-z0-9])""",
-    re.IGNORECASE)
+    r"""^[\s)\]}"'>.]*(?:,|/|\||&|\bor\b|\band\b)\s*[(\["']*(?P<letter>[A-Za-z])(?![A-Za-z0-9])""", re.IGNORECASE
+)
 # A whole line that is one letter with wrappers.
 _LONE = re.compile(r"""^[\s(\[{"'<_]*(?P<letter>[A-Za-z])[\s)\]}"'>.:_]*$""")
 _STATE = re.compile(r"(?i)^state\s*[:=\-]\s*(?P<label>.*?)\s*$")
@@ -73,7 +74,8 @@ _LEAD = re.compile(r"^[\s>#\-+]*")
 # "choice: I think ..." -- the pronoun, not menu letter I.
 _PRONOUN = re.compile(
     r"(?i)^(?:'(?:ll|m|d|ve)\b|\s+(?:think|will|would|choose|chose|pick|select|go|am|believe|guess|"
-    r"need|should|want|prefer|can|must)\b)")
+    r"need|should|want|prefer|can|must)\b)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +110,7 @@ def _letter_after_keyword(rest: str) -> tuple[str, ...]:
     if letter == "I" and _PRONOUN.match(after):
         return ()
     # "choice: a clean ..." -- a lower-case letter followed by a word is an article.
-    if letter.islower() and re.match(r"^\s+[A-Za-z0-9]", after) and not re.match(
-            r"(?i)^\s+(?:or|and)\b", after):
+    if letter.islower() and re.match(r"^\s+[A-Za-z0-9]", after) and not re.match(r"(?i)^\s+(?:or|and)\b", after):
         return ()
     letters = [letter.upper()]
     while True:
@@ -117,7 +118,7 @@ def _letter_after_keyword(rest: str) -> tuple[str, ...]:
         if alt is None:
             break
         letters.append(alt.group("letter").upper())
-        after = after[alt.end():]
+        after = after[alt.end() :]
     return tuple(letters)
 
 
@@ -199,7 +200,7 @@ class ParseStats:
         for r in results:
             self.add(r)
 
-    def merge(self, other: "ParseStats") -> "ParseStats":
+    def merge(self, other: ParseStats) -> ParseStats:
         """A new counter with both sets of counts."""
         return ParseStats(self.counts + other.counts)
 

@@ -112,9 +112,7 @@ def flat_index(pos: jax.Array, width: int) -> jax.Array:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def distance_field(
-    walkable: jax.Array, sources_mask: jax.Array, blocked: jax.Array | None = None
-) -> jax.Array:
+def distance_field(walkable: jax.Array, sources_mask: jax.Array, blocked: jax.Array | None = None) -> jax.Array:
     """BFS distance from every cell to the nearest source, by wavefront relaxation.
 
     4-neighbour moves of cost 1 through cells that are walkable and not blocked. Starting from 0 on the
@@ -190,9 +188,7 @@ def next_move(dist_field: jax.Array, pos: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def interact_poses(
-    walkable: jax.Array, target: jax.Array, blocked: jax.Array | None = None
-) -> InteractPoses:
+def interact_poses(walkable: jax.Array, target: jax.Array, blocked: jax.Array | None = None) -> InteractPoses:
     """The cells from which an agent facing ``target`` can interact with it.
 
     A pose is a 4-neighbour of the target that lies in the grid, is walkable and is not blocked; the agent must
@@ -219,9 +215,7 @@ def interact_poses(
     return InteractPoses(pos=pos, facing=facing, valid=inside & ok)
 
 
-def interact_sources(
-    walkable: jax.Array, target: jax.Array, blocked: jax.Array | None = None
-) -> jax.Array:
+def interact_sources(walkable: jax.Array, target: jax.Array, blocked: jax.Array | None = None) -> jax.Array:
     """``bool[H, W]`` mask of the valid interact poses of ``target`` (the sources for :func:`distance_field`).
 
     Args:
@@ -237,9 +231,7 @@ def interact_sources(
     return jnp.zeros(walkable.shape, bool).at[clipped[:, 0], clipped[:, 1]].max(poses.valid)
 
 
-def interact_field(
-    walkable: jax.Array, target: jax.Array, blocked: jax.Array | None = None
-) -> jax.Array:
+def interact_field(walkable: jax.Array, target: jax.Array, blocked: jax.Array | None = None) -> jax.Array:
     """``int32[H, W]`` distance from every cell to the nearest valid interact pose of ``target``.
 
     Args:

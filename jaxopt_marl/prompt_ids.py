@@ -205,7 +205,7 @@ class _Fragments:
         self.layout: dict[tuple[str, ...], tuple[int, int]] = {}
         self.table_max: dict[tuple[str, ...], int] = {}
         for t in self.tables:
-            chunks = [[self.tokens[s][i:i + w] for i in range(0, len(self.tokens[s]), w)] for s in t]
+            chunks = [[self.tokens[s][i : i + w] for i in range(0, len(self.tokens[s]), w)] for s in t]
             r = max(1, max(len(c) for c in chunks))
             self.layout[t] = (len(rows), r)
             self.table_max[t] = max(len(self.tokens[s]) for s in t)
@@ -214,7 +214,7 @@ class _Fragments:
         self.row_tok = np.zeros((len(rows), w), np.int32)
         self.row_len = np.array([len(r) for r in rows], np.int32)
         for i, r in enumerate(rows):
-            self.row_tok[i, :len(r)] = r
+            self.row_tok[i, : len(r)] = r
         self.built = True
 
     def pick(self, variants: tuple[str, ...], idx, worst: int | None = None, xp=jnp) -> jax.Array:
@@ -255,13 +255,16 @@ class _Fragments:
         idx = xp.where(pres[:, None] & (n > 0), xp.asarray(_CHUNK_BASE)[n] + val, 0)
         worst = 0
         if self.built:
-            worst = sum(self.number_worst(cap) * int(np.prod(v.shape, dtype=np.int64))
-                        for v, _, cap, counted in requests if counted)
+            worst = sum(
+                self.number_worst(cap) * int(np.prod(v.shape, dtype=np.int64))
+                for v, _, cap, counted in requests
+                if counted
+            )
         rows = self.pick(_CHUNKS, idx, worst, xp)[..., 0]  # [M, C_max]
         out, at = [], 0
         for v, _, cap, _ in requests:
             size = int(np.prod(v.shape, dtype=np.int64))
-            out.append(rows[at:at + size, :-(-cap // CHUNK_DIGITS)].reshape(-1))
+            out.append(rows[at : at + size, : -(-cap // CHUNK_DIGITS)].reshape(-1))
             at += size
         return xp.concatenate(out)
 
@@ -328,8 +331,12 @@ class _Emit:
     def entries(self, *cols: tuple[jax.Array, np.ndarray]) -> None:
         """A list of E entries: ``cols`` are pieces of shape ``[E, R_c]``, written entry by entry."""
         self._flush()
-        self.out.append((self.xp.concatenate([r for r, _ in cols], axis=-1).reshape(-1),
-                         np.concatenate([t for _, t in cols], axis=-1).reshape(-1)))
+        self.out.append(
+            (
+                self.xp.concatenate([r for r, _ in cols], axis=-1).reshape(-1),
+                np.concatenate([t for _, t in cols], axis=-1).reshape(-1),
+            )
+        )
 
     def rows(self) -> jax.Array:
         """``int32[S]`` row ids of the whole suffix."""
@@ -394,14 +401,18 @@ class PromptIds:
         self.family = prompts.family(game)
         self.max_steps = int(max_steps)
         if lib.num_instances > MAX_MENU_LINES:
-            raise ValueError(f"{game}: the menu has {lib.num_instances} lines (lib.num_instances) but only "
-                             f"{MAX_MENU_LINES} letters (limit {MAX_MENU_LINES})")
+            raise ValueError(
+                f"{game}: the menu has {lib.num_instances} lines (lib.num_instances) but only "
+                f"{MAX_MENU_LINES} letters (limit {MAX_MENU_LINES})"
+            )
         letter_ids = []
         for c in menus.LETTERS:
             ids = tokenizer(f" {c}", add_special_tokens=False)["input_ids"]
             if len(ids) != 1:
-                raise ValueError(f"{game}: the letter {' ' + c!r} is {len(ids)} tokens {list(ids)} for this "
-                                 "tokenizer; choice letters must be single tokens")
+                raise ValueError(
+                    f"{game}: the letter {' ' + c!r} is {len(ids)} tokens {list(ids)} for this "
+                    "tokenizer; choice letters must be single tokens"
+                )
             letter_ids.append(ids[0])
         self.letter_ids = np.asarray(letter_ids, np.int32)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
@@ -416,8 +427,9 @@ class PromptIds:
         self._rows(one, np)
         self.worst_len = int(self.frags.worst)
         if max_len is not None and int(max_len) < self.worst_len:
-            raise ValueError(f"{game} ({mode}): max_len={int(max_len)} is below the worst-case suffix length "
-                             f"{self.worst_len}")
+            raise ValueError(
+                f"{game} ({mode}): max_len={int(max_len)} is below the worst-case suffix length {self.worst_len}"
+            )
         self.max_len = self.worst_len if max_len is None else int(max_len)
         self._row_tok = jnp.asarray(self.frags.row_tok)
         self._row_len = jnp.asarray(self.frags.row_len)
@@ -438,15 +450,16 @@ class PromptIds:
         sys_text = render_chat(tok, [sys_msg], add_generation_prompt=False)
         probe = render_chat(tok, [sys_msg, {"role": "user", "content": "x"}])
         self.prefix_text = sys_text if probe.startswith(sys_text) else ""
-        self.prefix_ids = tuple(tok(self.prefix_text, add_special_tokens=False)["input_ids"]) \
-            if self.prefix_text else ()
+        self.prefix_ids = (
+            tuple(tok(self.prefix_text, add_special_tokens=False)["input_ids"]) if self.prefix_text else ()
+        )
         mark = "\u2063USER\u2063"
         full = render_chat(tok, [sys_msg, {"role": "user", "content": mark}])
         if full.count(mark) != 1 or not full.startswith(self.prefix_text):
             raise ValueError(f"{self.game}: the chat template does not insert the user content verbatim once")
         i = full.index(mark)
-        self._user_pre = full[len(self.prefix_text):i]
-        self._user_post = full[i + len(mark):]
+        self._user_pre = full[len(self.prefix_text) : i]
+        self._user_post = full[i + len(mark) :]
         if self.prefix_text + self._user_pre + "x" + self._user_post != probe:
             raise ValueError(f"{self.game}: the chat template changes the user content")
 
@@ -460,10 +473,13 @@ class PromptIds:
         self._n_fields = max(len(f) for _, f in parts)
         nf = self._n_fields
         self._opt_nf = np.array([len(f) for _, f in parts], np.int32)
-        self._opt_is_x = np.array([[i < len(f) and f[i] == "x" for i in range(nf)] for _, f in parts], bool) \
-            .reshape(len(parts), nf)
-        self._lit_tables = tuple(("",) + tuple((" " if i == 0 else "") + lits[i] if i < len(f) else ""
-                                               for lits, f in parts) for i in range(nf))
+        self._opt_is_x = np.array([[i < len(f) and f[i] == "x" for i in range(nf)] for _, f in parts], bool).reshape(
+            len(parts), nf
+        )
+        self._lit_tables = tuple(
+            ("",) + tuple((" " if i == 0 else "") + lits[i] if i < len(f) else "" for lits, f in parts)
+            for i in range(nf)
+        )
         tails = [""]
         for (lits, f), o in zip(parts, lib.options):
             for raw in (False, True):
@@ -490,11 +506,12 @@ class PromptIds:
         else:
             h, w = lib.shape
             self._cap_xy = _digits(max(h, w) - 1)
-            finite = lib.dest[:lib.num_cells][lib.dest[:lib.num_cells] < mpc.FAR]
+            finite = lib.dest[: lib.num_cells][lib.dest[: lib.num_cells] < mpc.FAR]
             self._cap_dist = _digits(int(finite.max()) if finite.size else 0)
             self._n_agents = lib.num_agents
-            self._classes = (("apples", "Apples"), ("dirt", "Dirt")) if self.game == "cleanup" else \
-                (("apples", "Apples"),)
+            self._classes = (
+                (("apples", "Apples"), ("dirt", "Dirt")) if self.game == "cleanup" else (("apples", "Apples"),)
+            )
         self._cap_agent = _digits(self._n_agents - 1)
 
     # -- stage 1: fields of one decision ---------------------------------------------------------------------
@@ -506,30 +523,49 @@ class PromptIds:
         order = jnp.argsort(jnp.where(letters >= 0, letters, _BIG), stable=True)
         team = _team(self.game, env_state)
         last = jnp.round(jnp.asarray(mem.team_at_last, jnp.float32)).astype(jnp.int32)
-        f = dict(aid=aid, step=jnp.asarray(env_state.step, jnp.int32), team=team, diff=team - last,
-                 macros=jnp.asarray(mem.macros, jnp.int32), line_opt=jnp.asarray(inst.opt, jnp.int32)[order],
-                 line_tgt=jnp.asarray(inst.target, jnp.int32)[order], line_letter=letters[order],
-                 label=state_label_code(self.game, self.lib, env_state, aid))
+        f = dict(
+            aid=aid,
+            step=jnp.asarray(env_state.step, jnp.int32),
+            team=team,
+            diff=team - last,
+            macros=jnp.asarray(mem.macros, jnp.int32),
+            line_opt=jnp.asarray(inst.opt, jnp.int32)[order],
+            line_tgt=jnp.asarray(inst.target, jnp.int32)[order],
+            line_letter=letters[order],
+            label=state_label_code(self.game, self.lib, env_state, aid),
+        )
         if self.family == "overcooked":
             from envs_jax import overcooked as oc
 
             pos = oc.agent_positions(env_state)
             view = oc.pot_view(env_state, self._pots)
             pflat = pos[:, 0] * self.lib.info.width + pos[:, 1]
-            f.update(pos=pos, facing=oc.agent_facing(env_state), held=oc.held_items(env_state),
-                     pot_onions=view.onions, pot_cooking=view.cooking, pot_ready=view.ready,
-                     pot_d=jnp.stack([self._pot_dist[:, pflat[aid]], self._pot_dist[:, pflat[1 - aid]]], -1),
-                     counter=oc.cells_items(env_state, self._counters))
+            f.update(
+                pos=pos,
+                facing=oc.agent_facing(env_state),
+                held=oc.held_items(env_state),
+                pot_onions=view.onions,
+                pot_cooking=view.cooking,
+                pot_ready=view.ready,
+                pot_d=jnp.stack([self._pot_dist[:, pflat[aid]], self._pot_dist[:, pflat[1 - aid]]], -1),
+                counter=oc.cells_items(env_state, self._counters),
+            )
         else:
             dirt = env_state.dirt if self.game == "cleanup" else None
-            view = prompts.mp_view(self.lib, env_state.pos, env_state.facing, env_state.alive, aid,
-                                   env_state.apples, dirt)
-            f.update(pos=env_state.pos[aid], facing=env_state.facing[aid], partner_on=view["partners"],
-                     partner_pos=env_state.pos)
+            view = prompts.mp_view(
+                self.lib, env_state.pos, env_state.facing, env_state.alive, aid, env_state.apples, dirt
+            )
+            f.update(
+                pos=env_state.pos[aid],
+                facing=env_state.facing[aid],
+                partner_on=view["partners"],
+                partner_pos=env_state.pos,
+            )
             for cls, _ in self._classes:
                 v = view[cls]
-                f.update({f"n_{cls}": v.count, f"near_{cls}": v.target, f"near_ok_{cls}": v.valid,
-                          f"near_d_{cls}": v.dist})
+                f.update(
+                    {f"n_{cls}": v.count, f"near_{cls}": v.target, f"near_ok_{cls}": v.valid, f"near_d_{cls}": v.dist}
+                )
         return f
 
     # -- stage 2: fragment rows of one decision ----------------------------------------------------------------
@@ -562,19 +598,27 @@ class PromptIds:
             ok, tgt, d = f[f"near_ok_{cls}"], f[f"near_{cls}"], f[f"near_d_{cls}"]
             first = xp.arange(ok.shape[0]) == 0
             reach = d < UNREACHABLE
-            e.entries(e.p(("", " (nearest: (", ", ("), xp.where(ok, xp.where(first, 1, 2), 0)),
-                      e.n(tgt[:, 1], cxy, ok), e.opt(", ", ok),
-                      e.n(tgt[:, 0], cxy, ok), e.opt(") d", ok),
-                      e.p(("", "=", "=unreachable"), xp.where(ok, xp.where(reach, 1, 2), 0)),
-                      e.n(xp.maximum(d, 0), self._cap_dist, ok & reach))
+            e.entries(
+                e.p(("", " (nearest: (", ", ("), xp.where(ok, xp.where(first, 1, 2), 0)),
+                e.n(tgt[:, 1], cxy, ok),
+                e.opt(", ", ok),
+                e.n(tgt[:, 0], cxy, ok),
+                e.opt(") d", ok),
+                e.p(("", "=", "=unreachable"), xp.where(ok, xp.where(reach, 1, 2), 0)),
+                e.n(xp.maximum(d, 0), self._cap_dist, ok & reach),
+            )
             e.pick(("\n", ")\n"), ok[0])
         on = f["partner_on"]
         first = on & (xp.cumsum(on) == 1)
         e.lit("Partners in view:")
-        e.entries(e.p(("", " player ", "), player "), xp.where(on, xp.where(first, 1, 2), 0)),
-                  e.n(xp.arange(on.shape[0]), self._cap_agent, on), e.opt(" @ (", on),
-                  e.n(f["partner_pos"][:, 1], cxy, on), e.opt(", ", on),
-                  e.n(f["partner_pos"][:, 0], cxy, on))
+        e.entries(
+            e.p(("", " player ", "), player "), xp.where(on, xp.where(first, 1, 2), 0)),
+            e.n(xp.arange(on.shape[0]), self._cap_agent, on),
+            e.opt(" @ (", on),
+            e.n(f["partner_pos"][:, 1], cxy, on),
+            e.opt(", ", on),
+            e.n(f["partner_pos"][:, 0], cxy, on),
+        )
         e.pick((" none\n", ")\n"), on.any())
 
     def _overcooked_rows(self, e: _Emit, f: dict) -> None:
@@ -673,9 +717,12 @@ class PromptIds:
         letter = max(len(toks[s]) for s in self._letter_table)
         best = 0
         for o, k in enumerate(self._opt_nf):
-            tail = lambda raw: max(len(toks[self._tail_table[1 + o * 4 + raw * 2 + last]]) for last in (0, 1))
-            fielded = sum(len(toks[self._lit_tables[i][1 + o]]) for i in range(int(k))) \
-                + int(k) * self.frags.number_worst(self._cap_xy) + tail(0)
+            tail = lambda raw, o=o: max(len(toks[self._tail_table[1 + o * 4 + raw * 2 + last]]) for last in (0, 1))
+            fielded = (
+                sum(len(toks[self._lit_tables[i][1 + o]]) for i in range(int(k)))
+                + int(k) * self.frags.number_worst(self._cap_xy)
+                + tail(0)
+            )
             best = max(best, letter + max(fielded, tail(1)))
         return best
 
@@ -711,8 +758,9 @@ class PromptIds:
         ``user`` from :func:`jaxopt_marl.prompts.user_message` (see :func:`host_user_message`)."""
         return self.reference_by_mode(env_states, aids, inst, letters, mems, (self.mode,))[self.mode]
 
-    def reference_by_mode(self, env_states, aids, inst, letters, mems: AgentMemory,
-                          modes: tuple[str, ...] = MODES) -> dict[str, list[str]]:
+    def reference_by_mode(
+        self, env_states, aids, inst, letters, mems: AgentMemory, modes: tuple[str, ...] = MODES
+    ) -> dict[str, list[str]]:
         """:meth:`reference_texts` for each of ``modes`` (the user message is rendered once per decision)."""
         snap = _snapshot_fn(self.game, self.env)(env_states)
         aids = np.asarray(aids)
@@ -721,14 +769,14 @@ class PromptIds:
         for b in range(aids.shape[0]):
             sb = prompts.take(snap, b)
             a = int(aids[b])
-            mem = host_memory(self.lib, jax.tree.map(lambda x: np.asarray(x)[b], mems))
+            mem = host_memory(self.lib, jax.tree.map(lambda x, b=b: np.asarray(x)[b], mems))
             menu = menus.render_menu(self.lib, opt[b], tgt[b], let[b])
             user = prompts.user_message(self.game, sb, a, menu, self.max_steps, mem, self.lib)
-            full = render_chat(self.tok, [{"role": "system", "content": self.system},
-                                          {"role": "user", "content": user}])[len(self.prefix_text):]
+            full = render_chat(
+                self.tok, [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
+            )[len(self.prefix_text) :]
             for m in modes:
-                resp = RESPONSE_PREFIX.format(label=prompts.state_label(self.game, sb, a)) \
-                    if m == "choice_only" else ""
+                resp = RESPONSE_PREFIX.format(label=prompts.state_label(self.game, sb, a)) if m == "choice_only" else ""
                 out[m].append(full + resp)
         return out
 
@@ -751,16 +799,22 @@ class PromptIds:
 
         n_names = self._n_names
         k_mem = np.where(ar < 2, ar * 5, rng.integers(0, prompts.MEMORY_MACROS + 1, b))
-        codes = np.where(np.arange(prompts.MEMORY_MACROS)[None] >= prompts.MEMORY_MACROS - k_mem[:, None],
-                         (ar[:, None] * prompts.MEMORY_MACROS + np.arange(prompts.MEMORY_MACROS)) % n_names, -1)
+        codes = np.where(
+            np.arange(prompts.MEMORY_MACROS)[None] >= prompts.MEMORY_MACROS - k_mem[:, None],
+            (ar[:, None] * prompts.MEMORY_MACROS + np.arange(prompts.MEMORY_MACROS)) % n_names,
+            -1,
+        )
         n_lines = np.where(ar < MAX_MENU_LINES, 1 + ar % n_i, rng.integers(0, n_i + 1, b))
         n_lines[-1] = 0
         letter = np.full((b, n_i), -1, np.int32)
         for s in range(b):
             pool = np.delete(np.arange(MAX_MENU_LINES), s % MAX_MENU_LINES)
-            pick = np.sort(np.concatenate([[s % MAX_MENU_LINES], rng.choice(pool, n_lines[s] - 1, replace=False)])) \
-                if n_lines[s] else np.zeros(0, int)
-            letter[s, :n_lines[s]] = pick
+            pick = (
+                np.sort(np.concatenate([[s % MAX_MENU_LINES], rng.choice(pool, n_lines[s] - 1, replace=False)]))
+                if n_lines[s]
+                else np.zeros(0, int)
+            )
+            letter[s, : n_lines[s]] = pick
         n_opt = len(lib.options)
         line_opt = (ar[:, None] * n_i + np.arange(n_i)) % n_opt
         if self.family == "overcooked":
@@ -772,11 +826,17 @@ class PromptIds:
         step = big(b)
         team = big(b)
         edge = np.array([0, 9, 10, 99, 100, 999, 1000, 2**31 - 1])
-        f = dict(aid=rng.integers(0, self._n_agents, b).astype(np.int32),
-                 step=np.where(ar < len(edge), edge[ar % len(edge)], step).astype(np.int32),
-                 team=team, diff=big(b, signed=True), macros=codes.astype(np.int32), line_opt=line_opt.astype(np.int32),
-                 line_tgt=tgt.astype(np.int32), line_letter=letter,
-                 label=(ar % len(prompts.STATE_LABELS[self.family])).astype(np.int32))
+        f = dict(
+            aid=rng.integers(0, self._n_agents, b).astype(np.int32),
+            step=np.where(ar < len(edge), edge[ar % len(edge)], step).astype(np.int32),
+            team=team,
+            diff=big(b, signed=True),
+            macros=codes.astype(np.int32),
+            line_opt=line_opt.astype(np.int32),
+            line_tgt=tgt.astype(np.int32),
+            line_letter=letter,
+            label=(ar % len(prompts.STATE_LABELS[self.family])).astype(np.int32),
+        )
         dmax = 10**self._cap_dist - 1
 
         def dists(*shape):
@@ -786,22 +846,35 @@ class PromptIds:
         if self.family == "overcooked":
             n_pot, n_ctr = len(self._pots), len(self._counters)
             ready = rng.random((b, n_pot)) < 0.3
-            f.update(pos=cells(b, 2), facing=rng.integers(0, 4, (b, 2)).astype(np.int32),
-                     held=rng.integers(0, 4, (b, 2)).astype(np.int32),
-                     pot_onions=rng.integers(0, 4, (b, n_pot)).astype(np.int32), pot_ready=ready,
-                     pot_cooking=~ready & (rng.random((b, n_pot)) < 0.4), pot_d=dists(b, n_pot, 2),
-                     counter=np.where(rng.random((b, n_ctr)) < 0.5, 0, rng.integers(1, 4, (b, n_ctr))).astype(
-                         np.int32))
+            f.update(
+                pos=cells(b, 2),
+                facing=rng.integers(0, 4, (b, 2)).astype(np.int32),
+                held=rng.integers(0, 4, (b, 2)).astype(np.int32),
+                pot_onions=rng.integers(0, 4, (b, n_pot)).astype(np.int32),
+                pot_ready=ready,
+                pot_cooking=~ready & (rng.random((b, n_pot)) < 0.4),
+                pot_d=dists(b, n_pot, 2),
+                counter=np.where(rng.random((b, n_ctr)) < 0.5, 0, rng.integers(1, 4, (b, n_ctr))).astype(np.int32),
+            )
         else:
             n = self._n_agents
-            f.update(pos=cells(b), facing=(ar % 4).astype(np.int32), partner_on=rng.random((b, n)) < 0.5,
-                     partner_pos=cells(b, n))
+            f.update(
+                pos=cells(b),
+                facing=(ar % 4).astype(np.int32),
+                partner_on=rng.random((b, n)) < 0.5,
+                partner_pos=cells(b, n),
+            )
             for cls, _ in self._classes:
                 cnt = np.where(ar % 5 == 0, 0, rng.integers(1, mpc.WINDOW_CELLS + 1, b))
                 ok = np.arange(prompts.MAX_LISTED)[None] < np.minimum(cnt, prompts.MAX_LISTED)[:, None]
-                f.update({f"n_{cls}": cnt.astype(np.int32), f"near_{cls}": np.where(ok[..., None], cells(
-                    b, prompts.MAX_LISTED), -1).astype(np.int32), f"near_ok_{cls}": ok,
-                    f"near_d_{cls}": np.where(ok, dists(b, prompts.MAX_LISTED), -1).astype(np.int32)})
+                f.update(
+                    {
+                        f"n_{cls}": cnt.astype(np.int32),
+                        f"near_{cls}": np.where(ok[..., None], cells(b, prompts.MAX_LISTED), -1).astype(np.int32),
+                        f"near_ok_{cls}": ok,
+                        f"near_d_{cls}": np.where(ok, dists(b, prompts.MAX_LISTED), -1).astype(np.int32),
+                    }
+                )
         return f
 
     def _check(self) -> None:
@@ -812,10 +885,12 @@ class PromptIds:
         enc = tok([str(n) for n in nums], add_special_tokens=False)["input_ids"]
         for n, ids in zip(nums, enc):
             s = str(n)
-            want = [t for i in range(0, len(s), CHUNK_DIGITS) for t in chunk_ids[s[i:i + CHUNK_DIGITS]]]
+            want = [t for i in range(0, len(s), CHUNK_DIGITS) for t in chunk_ids[s[i : i + CHUNK_DIGITS]]]
             if list(ids) != want:
-                raise ValueError(f"{where}: the tokenizer splits the number {n} as {list(ids)}, not as chunks of "
-                                 f"{CHUNK_DIGITS} digits from the left {want}")
+                raise ValueError(
+                    f"{where}: the tokenizer splits the number {n} as {list(ids)}, not as chunks of "
+                    f"{CHUNK_DIGITS} digits from the left {want}"
+                )
         fields = self._random_fields(CHECK_SAMPLES, seed=1)
         row_tok, row_len, col = self.frags.row_tok, self.frags.row_len, np.arange(ROW_WIDTH)
         seqs = []
@@ -827,14 +902,18 @@ class PromptIds:
         for seq, text, got in zip(seqs, texts, whole):
             got = list(got)
             if len(seq) > self.worst_len:
-                raise ValueError(f"{where}: a synthetic suffix of {len(seq)} tokens exceeds the worst case "
-                                 f"{self.worst_len} (internal error)")
+                raise ValueError(
+                    f"{where}: a synthetic suffix of {len(seq)} tokens exceeds the worst case "
+                    f"{self.worst_len} (internal error)"
+                )
             if got != seq:
                 i = next((j for j, (x, y) in enumerate(zip(got, seq)) if x != y), min(len(got), len(seq)))
                 at = len(tok.decode(seq[:i]))
-                raise ValueError(f"{where}: the tokenizer breaks the fragment scheme near "
-                                 f"{text[max(0, at - 30):at + 30]!r}: fragments give {seq[i:i + 4]} but the whole "
-                                 f"string tokenizes as {got[i:i + 4]}")
+                raise ValueError(
+                    f"{where}: the tokenizer breaks the fragment scheme near "
+                    f"{text[max(0, at - 30) : at + 30]!r}: fragments give {seq[i : i + 4]} but the whole "
+                    f"string tokenizes as {got[i : i + 4]}"
+                )
 
 
 _SNAPSHOTS: dict[int, tuple] = {}
@@ -847,8 +926,7 @@ def _snapshot_fn(game: str, env):
     return _SNAPSHOTS[id(env)][1]
 
 
-def host_user_message(game: str, env, lib, env_state, aid: int, inst, letters, mem: AgentMemory,
-                      max_steps: int) -> str:
+def host_user_message(game: str, env, lib, env_state, aid: int, inst, letters, mem: AgentMemory, max_steps: int) -> str:
     """The host reference user message of one decision (one env, unbatched ``env_state``): the text of
     :func:`jaxopt_marl.prompts.user_message` with the menu of ``inst`` / ``letters``
     (:func:`jaxopt_marl.menus.render_menu`) and the :class:`jaxopt_marl.prompts.Memory` matching ``mem``
@@ -858,6 +936,20 @@ def host_user_message(game: str, env, lib, env_state, aid: int, inst, letters, m
     return prompts.user_message(game, snap, int(aid), menu, int(max_steps), host_memory(lib, mem), lib)
 
 
-__all__ = ["CHUNK_DIGITS", "IDLE_CODE", "IDLE_NAME", "INT32_DIGITS", "MAX_MENU_LINES", "MODES", "RESPONSE_PREFIX",
-           "ROW_WIDTH", "AgentMemory", "PromptIds", "empty_memory", "host_memory", "host_user_message", "remember",
-           "state_label_code"]
+__all__ = [
+    "CHUNK_DIGITS",
+    "IDLE_CODE",
+    "IDLE_NAME",
+    "INT32_DIGITS",
+    "MAX_MENU_LINES",
+    "MODES",
+    "RESPONSE_PREFIX",
+    "ROW_WIDTH",
+    "AgentMemory",
+    "PromptIds",
+    "empty_memory",
+    "host_memory",
+    "host_user_message",
+    "remember",
+    "state_label_code",
+]

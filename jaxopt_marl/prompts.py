@@ -48,25 +48,26 @@ MP_FACING = ("North", "East", "South", "West")
 OC_FACING = ("North", "South", "East", "West")
 OC_ITEMS = ("nothing", "onion", "dish", "soup")
 
-_CONTRACT = ("Output format (exactly two lines, nothing else):\n"
-             "state: <{labels}>\n"
-             "choice: <single capital letter>")
+_CONTRACT = "Output format (exactly two lines, nothing else):\nstate: <{labels}>\nchoice: <single capital letter>"
 
 SYSTEM = {
     "overcooked": (
         "You are an agent in a 2-player cooperative Overcooked-AI kitchen.\n\n"
         "Goal: place 3 onions in a pot, start the cook, plate the soup with a dish, deliver to the "
         "serving station. Each delivery scores +20 (shared with partner).\n\n"
-        "The action menu only lists currently-feasible actions. Pick one letter.\n\n"),
+        "The action menu only lists currently-feasible actions. Pick one letter.\n\n"
+    ),
     "cleanup": (
         "You are an agent in Cleanup, a 7-player grid game. Apples grow in the orchard only while the "
         "river is clean; dirt builds up in the river. Eating an apple scores +1 for the team; cleaning "
         "dirt scores nothing but lets apples regrow.\n\n"
-        "The action menu only lists currently-feasible actions. Pick one letter.\n\n"),
+        "The action menu only lists currently-feasible actions. Pick one letter.\n\n"
+    ),
     "harvest": (
         "You are an agent in Commons Harvest, a 7-player grid game. Eating an apple scores +1 for the "
         "team. Apples regrow only near other apples: a patch eaten bare never regrows.\n\n"
-        "The action menu only lists currently-feasible actions. Pick one letter.\n\n"),
+        "The action menu only lists currently-feasible actions. Pick one letter.\n\n"
+    ),
 }
 
 #: The ``state:`` labels of each game's response contract.
@@ -110,13 +111,23 @@ def make_snapshot_fn(game: str, env):
 
         def one(s):
             view = oc.pot_view(s, pots)
-            return dict(pos=oc.agent_positions(s), facing=oc.agent_facing(s), held=oc.held_items(s),
-                        pot_onions=view.onions, pot_cooking=view.cooking, pot_ready=view.ready,
-                        counter_items=oc.cells_items(s, counters), step=s.step, team=s.deliveries)
+            return dict(
+                pos=oc.agent_positions(s),
+                facing=oc.agent_facing(s),
+                held=oc.held_items(s),
+                pot_onions=view.onions,
+                pot_cooking=view.cooking,
+                pot_ready=view.ready,
+                counter_items=oc.cells_items(s, counters),
+                step=s.step,
+                team=s.deliveries,
+            )
     else:
+
         def one(s):
-            out = dict(pos=s.pos, facing=s.facing, alive=s.alive, apples=s.apples, step=s.step,
-                       team=jnp.sum(s.apples_total))
+            out = dict(
+                pos=s.pos, facing=s.facing, alive=s.alive, apples=s.apples, step=s.step, team=jnp.sum(s.apples_total)
+            )
             if hasattr(s, "dirt"):
                 out["dirt"] = s.dirt
             return out
@@ -164,8 +175,11 @@ def _dist(d) -> str:
 
 def _memory_lines(mem: Memory, team: float) -> list[str]:
     last = ", ".join(mem.macros) if mem.macros else "none"
-    return ["Memory:", f"- Last {MEMORY_MACROS} macros decided: {last}",
-            f"- Team reward since your last decision: {_num(team - mem.team_at_last)} (episode total {_num(team)})"]
+    return [
+        "Memory:",
+        f"- Last {MEMORY_MACROS} macros decided: {last}",
+        f"- Team reward since your last decision: {_num(team - mem.team_at_last)} (episode total {_num(team)})",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -173,8 +187,9 @@ def _memory_lines(mem: Memory, team: float) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def overcooked_label_code(held: jax.Array, pot_onions: jax.Array, pot_cooking: jax.Array, pot_ready: jax.Array,
-                          aid) -> jax.Array:
+def overcooked_label_code(
+    held: jax.Array, pot_onions: jax.Array, pot_cooking: jax.Array, pot_ready: jax.Array, aid
+) -> jax.Array:
     """``int32[]`` index into ``STATE_LABELS["overcooked"]`` (jittable): ``delivering`` if the agent holds a soup
     (``held int32[2]`` item code 3), else ``ready_to_plate`` / ``cooking`` / ``filling`` if any pot (``[P]``)
     is ready / cooking / holds an onion, else ``empty``."""
@@ -184,8 +199,9 @@ def overcooked_label_code(held: jax.Array, pot_onions: jax.Array, pot_cooking: j
     return jnp.where(jnp.asarray(held)[aid] == OC_ITEMS.index("soup"), 4, code).astype(jnp.int32)
 
 
-def meltingpot_label_code(pos: jax.Array, facing: jax.Array, aid, apples: jax.Array,
-                          dirt: jax.Array | None) -> jax.Array:
+def meltingpot_label_code(
+    pos: jax.Array, facing: jax.Array, aid, apples: jax.Array, dirt: jax.Array | None
+) -> jax.Array:
     """``int32[]`` index into ``STATE_LABELS[game]`` (jittable): ``harvesting`` if an apple is in view (the
     agent's window, :func:`jaxopt_marl.options.meltingpot_common.window_objects`), else ``cleaning`` if dirt is
     in view (Clean Up; ``dirt`` None for Harvest), else ``exploring``. ``pos int32[N, 2]``, ``facing int32[N]``,
@@ -218,8 +234,9 @@ def state_label(game: str, snap: dict, aid: int) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def mp_view(lib, pos: jax.Array, facing: jax.Array, alive: jax.Array, aid, apples: jax.Array,
-            dirt: jax.Array | None) -> dict:
+def mp_view(
+    lib, pos: jax.Array, facing: jax.Array, alive: jax.Array, aid, apples: jax.Array, dirt: jax.Array | None
+) -> dict:
     """What a Melting Pot agent sees (jittable; the one definition the host text and the device prompt share).
 
     Args:
@@ -257,8 +274,9 @@ def _listed(name: str, view) -> str:
     return f"{name} in view: {n} (nearest: {near})"
 
 
-def user_message(game: str, snap: dict, aid: int, menu_text: str, max_steps: int, mem: Memory | None = None,
-                 lib=None) -> str:
+def user_message(
+    game: str, snap: dict, aid: int, menu_text: str, max_steps: int, mem: Memory | None = None, lib=None
+) -> str:
     """The user message of one decision.
 
     Args:
@@ -283,17 +301,21 @@ def user_message(game: str, snap: dict, aid: int, menu_text: str, max_steps: int
         lines = _overcooked_lines(snap, aid, lib)
     else:
         lines = _meltingpot_lines(snap, aid, lib)
-    return "\n".join(lines + [step, ""] + _memory_lines(mem, team) + ["", menu_text, "",
-                                                                      "Choose one. Reply with exactly two lines."])
+    return "\n".join(
+        lines + [step, ""] + _memory_lines(mem, team) + ["", menu_text, "", "Choose one. Reply with exactly two lines."]
+    )
 
 
 def _overcooked_lines(snap: dict, aid: int, lib) -> list[str]:
     pos, facing, held = snap["pos"], snap["facing"], snap["held"]
     p = 1 - aid
-    lines = [f"You are player {aid}. World position: {_xy(pos[aid])}.",
-             f"Facing: {OC_FACING[int(facing[aid])]}. Holding: {OC_ITEMS[int(held[aid])]}.",
-             f"Partner (player {p}): pos={_xy(pos[p])} facing={OC_FACING[int(facing[p])]} "
-             f"holding={OC_ITEMS[int(held[p])]}.", "", "Pots:"]
+    lines = [
+        f"You are player {aid}. World position: {_xy(pos[aid])}.",
+        f"Facing: {OC_FACING[int(facing[aid])]}. Holding: {OC_ITEMS[int(held[aid])]}.",
+        f"Partner (player {p}): pos={_xy(pos[p])} facing={OC_FACING[int(facing[p])]} holding={OC_ITEMS[int(held[p])]}.",
+        "",
+        "Pots:",
+    ]
     info = lib.info
     w = info.width
 
@@ -313,16 +335,33 @@ def _overcooked_lines(snap: dict, aid: int, lib) -> list[str]:
 def _meltingpot_lines(snap: dict, aid: int, lib) -> list[str]:
     pos, facing, alive = snap["pos"], snap["facing"], snap["alive"]
     view = jax.tree.map(np.asarray, _mp_view_jit(lib)(pos, facing, alive, aid, snap["apples"], snap.get("dirt")))
-    lines = [f"You are player {aid}. World position: {_xy(pos[aid])}. Facing: {MP_FACING[int(facing[aid])]}.",
-             _listed("Apples", view["apples"])]
+    lines = [
+        f"You are player {aid}. World position: {_xy(pos[aid])}. Facing: {MP_FACING[int(facing[aid])]}.",
+        _listed("Apples", view["apples"]),
+    ]
     if "dirt" in snap:
         lines.append(_listed("Dirt", view["dirt"]))
     near = [int(j) for j in np.flatnonzero(view["partners"])]
-    lines.append("Partners in view: " + (", ".join(f"player {j} @ {_xy(pos[j])}" for j in near) if near
-                                         else "none"))
+    lines.append("Partners in view: " + (", ".join(f"player {j} @ {_xy(pos[j])}" for j in near) if near else "none"))
     return lines
 
 
-__all__ = ["MAX_LISTED", "MEMORY_MACROS", "MP_FACING", "Memory", "OC_FACING", "OC_ITEMS", "STATE_LABELS", "SYSTEM",
-           "family", "make_snapshot_fn", "meltingpot_label_code", "mp_view", "overcooked_label_code",
-           "state_label", "system_message", "take", "user_message"]
+__all__ = [
+    "MAX_LISTED",
+    "MEMORY_MACROS",
+    "MP_FACING",
+    "Memory",
+    "OC_FACING",
+    "OC_ITEMS",
+    "STATE_LABELS",
+    "SYSTEM",
+    "family",
+    "make_snapshot_fn",
+    "meltingpot_label_code",
+    "mp_view",
+    "overcooked_label_code",
+    "state_label",
+    "system_message",
+    "take",
+    "user_message",
+]

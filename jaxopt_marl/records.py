@@ -216,9 +216,7 @@ class RecordCodes(NamedTuple):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _categorical_codes(
-    column: pa.ChunkedArray, name: str, vocab: Sequence[str], *, nullable: bool
-) -> np.ndarray:
+def _categorical_codes(column: pa.ChunkedArray, name: str, vocab: Sequence[str], *, nullable: bool) -> np.ndarray:
     """Encode a string or dictionary<string> column as ``int32`` indices into ``vocab`` (vectorised).
 
     Raises:
@@ -387,9 +385,7 @@ def records_from_arrays(
     }
     n = cols["opt"].shape[0]
     if cols["features"].ndim != 2 or cols["features"].shape[1] != len(vocab.features):
-        raise ValueError(
-            f"column 'features': expected shape [N, {len(vocab.features)}], got {cols['features'].shape}"
-        )
+        raise ValueError(f"column 'features': expected shape [N, {len(vocab.features)}], got {cols['features'].shape}")
     if cols["target"].shape != (n, 2):
         raise ValueError(f"column 'target': expected shape [{n}, 2], got {cols['target'].shape}")
     for name, arr in cols.items():

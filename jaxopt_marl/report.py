@@ -38,8 +38,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,9 +53,13 @@ REDUCED_PRESETS = ("cpu", "smoke")
 #: Header fields taken from config.json, in order (label, candidate keys).
 HEADER_FIELDS = (("game", ("game",)), ("preset", ("preset",)), ("model", ("model",)), ("seed", ("seed",)))
 #: Training-curve columns: (metrics.jsonl key, table header).
-TRAIN_COLUMNS = (("train/parse_fail_rate", "parse-fail rate", 3), ("train/kl", "KL", 4),
-                 ("perf/decisions_per_s", "decisions/s", 1), ("perf/rollout_s", "rollout s", 1),
-                 ("perf/update_s", "update s", 1))
+TRAIN_COLUMNS = (
+    ("train/parse_fail_rate", "parse-fail rate", 3),
+    ("train/kl", "KL", 4),
+    ("perf/decisions_per_s", "decisions/s", 1),
+    ("perf/rollout_s", "rollout s", 1),
+    ("perf/update_s", "update s", 1),
+)
 #: Colours of the map layers drawn under the visit heatmaps, per :data:`jaxopt_marl.artifacts.TERRAIN_NAMES`.
 TERRAIN_COLOURS = ("#ffffff", "#8c8c8c", "#9ecae1", "#c7e9c0", "#525252", "#fdd0a2", "#dadaeb", "#74c476")
 #: Verdict of a trained-vs-base comparison whose CIs overlap (or cannot be computed).
@@ -165,8 +170,16 @@ def _num(x: Any) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def plot_training_curve(rounds: np.ndarray, mean: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                        returns: Sequence[Sequence[float]] | None, run_dir: Path, units: str, band: str) -> str:
+def plot_training_curve(
+    rounds: np.ndarray,
+    mean: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    returns: Sequence[Sequence[float]] | None,
+    run_dir: Path,
+    units: str,
+    band: str,
+) -> str:
     """Team return per training round: the mean over the K rollouts, the spread as a band from ``lo`` to ``hi``
     (min–max of the K returns, or mean ± std clipped at 0 when only the std was recorded: returns are counts,
     never negative) and each rollout's return as a dot. Integer round ticks. Returns the figure's relative path.
@@ -211,8 +224,7 @@ def plot_option_histogram(names: Sequence[str], counts: np.ndarray, run_dir: Pat
         ax.barh(np.arange(n), frac[:, k], left=left, color=cmap(k % cmap.N), label=name, edgecolor="white")
         for i in range(n):
             if frac[i, k] >= 0.08:
-                ax.text(left[i] + frac[i, k] / 2, i, f"{100 * frac[i, k]:.0f}%", ha="center", va="center",
-                        fontsize=7)
+                ax.text(left[i] + frac[i, k] / 2, i, f"{100 * frac[i, k]:.0f}%", ha="center", va="center", fontsize=7)
         left += frac[:, k]
     ax.set_yticks(np.arange(n), [f"agent {i} (n={int(counts[i].sum())})" for i in range(n)])
     ax.invert_yaxis()
@@ -224,8 +236,9 @@ def plot_option_histogram(names: Sequence[str], counts: np.ndarray, run_dir: Pat
     return _save(fig, run_dir, "option_histogram.png")
 
 
-def plot_heatmaps(heat: np.ndarray, run_dir: Path, terrain: np.ndarray | None,
-                  patch_id: np.ndarray | None = None) -> str:
+def plot_heatmaps(
+    heat: np.ndarray, run_dir: Path, terrain: np.ndarray | None, patch_id: np.ndarray | None = None
+) -> str:
     """One panel per agent: the map (``terrain``, :data:`jaxopt_marl.artifacts.TERRAIN_NAMES` codes, in
     :data:`TERRAIN_COLOURS`; Harvest patches numbered) under the visit counts (log colour scale; unvisited cells
     show the map). Paper Fig. 3: eaters on the orchard rows, cleaners on the river shore.
@@ -244,8 +257,9 @@ def plot_heatmaps(heat: np.ndarray, run_dir: Path, terrain: np.ndarray | None,
     rows = math.ceil(n / cols)
     panel_w = 3.4
     panel_h = panel_w * h / max(w, 1) + 0.6
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols + 1.4, panel_h * rows + 1.2), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(panel_w * cols + 1.4, panel_h * rows + 1.2), squeeze=False, layout="constrained"
+    )
     vmax = max(int(heat.max(initial=0)), 1)
     has_map = terrain is not None and terrain.shape == (h, w)
     cmap_map = ListedColormap(TERRAIN_COLOURS)
@@ -270,15 +284,30 @@ def plot_heatmaps(heat: np.ndarray, run_dir: Path, terrain: np.ndarray | None,
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if im is not None:
-        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="visits (steps, log scale)",
-                     format=FuncFormatter(lambda x, _: f"{x:g}"))
+        fig.colorbar(
+            im,
+            ax=axes.ravel().tolist(),
+            shrink=0.8,
+            label="visits (steps, log scale)",
+            format=FuncFormatter(lambda x, _: f"{x:g}"),
+        )
     if has_map:
         present = [k for k in range(len(artifacts.TERRAIN_NAMES)) if (terrain == k).any()]
-        fig.legend(handles=[Patch(facecolor=TERRAIN_COLOURS[k], edgecolor="k", label=artifacts.TERRAIN_NAMES[k])
-                            for k in present], loc="outside lower center", ncol=min(len(present), 8), fontsize=8)
+        fig.legend(
+            handles=[
+                Patch(facecolor=TERRAIN_COLOURS[k], edgecolor="k", label=artifacts.TERRAIN_NAMES[k]) for k in present
+            ],
+            loc="outside lower center",
+            ncol=min(len(present), 8),
+            fontsize=8,
+        )
         what = ", ".join(artifacts.TERRAIN_NAMES[k] for k in present)
-        fig.suptitle(f"Visit heatmaps per agent (all evaluation episodes) over the map ({what}"
-                     + ("; patch numbers" if patch_id is not None else "") + ")", fontsize=10)
+        fig.suptitle(
+            f"Visit heatmaps per agent (all evaluation episodes) over the map ({what}"
+            + ("; patch numbers" if patch_id is not None else "")
+            + ")",
+            fontsize=10,
+        )
     else:
         fig.suptitle("Visit heatmaps per agent (all evaluation episodes; no map recorded)", fontsize=10)
     return _save(fig, run_dir, "visit_heatmaps.png")
@@ -297,8 +326,14 @@ def plot_per_agent(values: np.ndarray, run_dir: Path, quantity: str) -> str:
     mean = v.mean(axis=0)
     lo, hi = v.min(axis=0), v.max(axis=0)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.8 * n + 2), 3.4))
-    ax.bar(np.arange(n), mean, yerr=np.stack([mean - lo, hi - mean]), capsize=3, color="tab:green",
-           label="mean (whisker: min–max)")
+    ax.bar(
+        np.arange(n),
+        mean,
+        yerr=np.stack([mean - lo, hi - mean]),
+        capsize=3,
+        color="tab:green",
+        label="mean (whisker: min–max)",
+    )
     jitter = np.linspace(-0.15, 0.15, e) if e > 1 else np.zeros(1)
     for i in range(n):
         ax.scatter(i + jitter, v[:, i], s=12, color="k", zorder=3, label="one episode" if i == 0 else None)
@@ -363,16 +398,23 @@ def section_header(cfg: dict | None, run_dir: Path) -> list[str]:
         lines.append(f"- **{label}**: {fmt(val) if val is not None else 'not recorded'}")
     preset = cfg.get("preset")
     if preset in REDUCED_PRESETS or cfg.get("reduced_budget"):
-        lines += ["", f"> **Reduced budget.** This run used the `{preset}` preset: fewer rounds, rollouts, "
-                      "episodes and/or a smaller model than the paper (§6.1). Its numbers show that the pipeline "
-                      "runs end to end; they are not comparable with the paper's tables."]
+        lines += [
+            "",
+            f"> **Reduced budget.** This run used the `{preset}` preset: fewer rounds, rollouts, "
+            "episodes and/or a smaller model than the paper (§6.1). Its numbers show that the pipeline "
+            "runs end to end; they are not comparable with the paper's tables.",
+        ]
     rest = {k: v for k, v in cfg.items() if k not in {"name", "game", "preset", "model", "model_path", "seed"}}
     if rest:
-        lines += ["", "<details><summary>Full configuration</summary>", "",
-                  *table(["key", "value"], [[k, f"`{json.dumps(v, default=str)}`"] for k, v in sorted(rest.items())]),
-                  "", "</details>"]
+        lines += [
+            "",
+            "<details><summary>Full configuration</summary>",
+            "",
+            *table(["key", "value"], [[k, f"`{json.dumps(v, default=str)}`"] for k, v in sorted(rest.items())]),
+            "",
+            "</details>",
+        ]
     return lines
-
 
 
 def section_training(rows: list[dict], run_dir: Path, units: str) -> list[str]:
@@ -402,19 +444,32 @@ def section_training(rows: list[dict], run_dir: Path, units: str) -> list[str]:
     idx = np.arange(len(rows))
     if len(rows) > MAX_TABLE_ROWS:
         idx = np.unique(np.linspace(0, len(rows) - 1, MAX_TABLE_ROWS).round().astype(int))
-    body = [[fmt(int(rnd[i]) if math.isfinite(rnd[i]) else i), fmt_pm(mean[i], std[i])]
-            + [fmt(_num(rows[i].get(k)), d) for k, _, d in cols] for i in idx]
+    body = [
+        [fmt(int(rnd[i]) if math.isfinite(rnd[i]) else i), fmt_pm(mean[i], std[i])]
+        + [fmt(_num(rows[i].get(k)), d) for k, _, d in cols]
+        for i in idx
+    ]
     best = int(np.nanargmax(mean)) if np.isfinite(mean).any() else None
-    lines += [f"{len(rows)} rounds. Team return is mean ± std over the K rollouts of a round ({units}); "
-              "rollout s and update s are the wall seconds of the round's rollouts and of its PA-MAGRPO update.", ""]
+    lines += [
+        f"{len(rows)} rounds. Team return is mean ± std over the K rollouts of a round ({units}); "
+        "rollout s and update s are the wall seconds of the round's rollouts and of its PA-MAGRPO update.",
+        "",
+    ]
     if best is not None:
-        lines += [f"Best round: {fmt(int(rnd[best]))} with {fmt_pm(mean[best], std[best])}; "
-                  f"last round: {fmt_pm(mean[-1], std[-1])}.", ""]
+        lines += [
+            f"Best round: {fmt(int(rnd[best]))} with {fmt_pm(mean[best], std[best])}; "
+            f"last round: {fmt_pm(mean[-1], std[-1])}.",
+            "",
+        ]
     if len(idx) < len(rows):
         lines += [f"(Table shows {len(idx)} evenly spaced rounds of {len(rows)}; the figure shows all.)", ""]
     lines += table(["round", "team return", *(h for _, h, _ in cols)], body)
-    return lines + ["", f"![training curve]({fig})", "",
-                    f"The band is the {band}; dots are single rollouts where recorded."]
+    return lines + [
+        "",
+        f"![training curve]({fig})",
+        "",
+        f"The band is the {band}; dots are single rollouts where recorded.",
+    ]
 
 
 def compare(trained: Sequence[float], base: Sequence[float]) -> dict:
@@ -435,8 +490,12 @@ def compare(trained: Sequence[float], base: Sequence[float]) -> dict:
     st, sb = stats.summarize(t, "trained"), stats.summarize(b, "frozen_base")
     mw = stats.mann_whitney(t, b, "trained", "frozen_base")
     few = min(t.size, b.size) < stats.MIN_EPISODES
-    return {"trained": st, "base": sb, "p": None if mw is None else mw["p_value"],
-            "verdict": NOISE if few else _verdict(st.get("ci"), sb.get("ci"))}
+    return {
+        "trained": st,
+        "base": sb,
+        "p": None if mw is None else mw["p_value"],
+        "verdict": NOISE if few else _verdict(st.get("ci"), sb.get("ci")),
+    }
 
 
 def _verdict(ci_t: Any, ci_b: Any) -> str:
@@ -459,34 +518,65 @@ def section_eval(ev: artifacts.EvalRecord | None, why: str | None, game: str | N
         return lines + [f"`eval.json` is {why or 'missing'}: no evaluation to report."]
     tr, base = ev.trained, ev.base
     units = _units(game or ev.game)
-    lines += [f"Policy: `{tr.policy}`. {len(tr.episodes)} episode(s); seeds: {_seed_text(tr.seeds)}. Values are "
-              "mean ± std (sample std) over episodes.", ""]
+    lines += [
+        f"Policy: `{tr.policy}`. {len(tr.episodes)} episode(s); seeds: {_seed_text(tr.seeds)}. Values are "
+        "mean ± std (sample std) over episodes.",
+        "",
+    ]
     if ev.checkpoint_rule is not None:
         ret = _num(ev.checkpoint_train_return)
-        lines += [f"Adapters: {ev.checkpoint_rule}; round {fmt(ev.checkpoint_round)}"
-                  + (f" (its mean training team return {fmt(ret)})" if math.isfinite(ret) else "") + "."
-                  + (" Round 0 was played by the initial adapters (B = 0), which compute exactly the frozen base: "
-                     "no training round beat it." if ev.checkpoint_round == 0
-                     and (ev.eval_checkpoint or "best") == "best" else ""), ""]
+        lines += [
+            f"Adapters: {ev.checkpoint_rule}; round {fmt(ev.checkpoint_round)}"
+            + (f" (its mean training team return {fmt(ret)})" if math.isfinite(ret) else "")
+            + "."
+            + (
+                " Round 0 was played by the initial adapters (B = 0), which compute exactly the frozen base: "
+                "no training round beat it."
+                if ev.checkpoint_round == 0 and (ev.eval_checkpoint or "best") == "best"
+                else ""
+            ),
+            "",
+        ]
     keys = tr.numeric_keys()
     if base is not None:
         keys += [k for k in base.numeric_keys() if k not in keys]
-        header = ["metric", f"baseline ({base.policy})", "trained", "n (baseline / trained)", "baseline 95% CI",
-                  "trained 95% CI", "Mann–Whitney p", "verdict"]
+        header = [
+            "metric",
+            f"baseline ({base.policy})",
+            "trained",
+            "n (baseline / trained)",
+            "baseline 95% CI",
+            "trained 95% CI",
+            "Mann–Whitney p",
+            "verdict",
+        ]
         rows = []
         for k in keys:
             tv, bv = tr.metric(k), base.metric(k)
             c = compare(tv, bv)
             tm, tsd, tn = audit.mean_std(tv)
             bm, bsd, bn = audit.mean_std(bv)
-            rows.append([k, fmt_pm(bm, bsd), fmt_pm(tm, tsd), f"{bn} / {tn}", _ci_text(c["base"]["ci"]),
-                         _ci_text(c["trained"]["ci"]), _fmt_p(c["p"]), c["verdict"]])
+            rows.append(
+                [
+                    k,
+                    fmt_pm(bm, bsd),
+                    fmt_pm(tm, tsd),
+                    f"{bn} / {tn}",
+                    _ci_text(c["base"]["ci"]),
+                    _ci_text(c["trained"]["ci"]),
+                    _fmt_p(c["p"]),
+                    c["verdict"],
+                ]
+            )
         lines += table(header, rows)
         noise = sum(r[-1] == NOISE for r in rows)
-        lines += ["", f"Each row compares the two policies on the same seeds: 95% percentile bootstrap CIs of the "
-                      f"mean and the two-sided Mann–Whitney p (paper §6.1, `jaxopt_marl.stats`). A difference is "
-                      f"called {NOISE} when the CIs overlap, one cannot be computed (fewer than 2 episodes) or "
-                      f"a policy has fewer than {stats.MIN_EPISODES} episodes: {noise} of {len(rows)} rows here."]
+        lines += [
+            "",
+            f"Each row compares the two policies on the same seeds: 95% percentile bootstrap CIs of the "
+            f"mean and the two-sided Mann–Whitney p (paper §6.1, `jaxopt_marl.stats`). A difference is "
+            f"called {NOISE} when the CIs overlap, one cannot be computed (fewer than 2 episodes) or "
+            f"a policy has fewer than {stats.MIN_EPISODES} episodes: {noise} of {len(rows)} rows here.",
+        ]
     else:
         rows = [[k, fmt_pm(*audit.mean_std(tr.metric(k))[:2]), str(audit.mean_std(tr.metric(k))[2])] for k in keys]
         lines += table(["metric", "mean ± std", "n"], rows)
@@ -496,14 +586,23 @@ def section_eval(ev: artifacts.EvalRecord | None, why: str | None, game: str | N
         arr = np.asarray(apples, np.float64)
         team = np.asarray(tr.team_returns, np.float64)
         ok = np.isclose(arr.sum(axis=1), team)
-        lines += ["", "Per-agent apples eaten (mean ± std over episodes, from `eval.json` `agent_apples`: Σ of the "
-                      "agent's unshaped reward, a step can bring 2 apples):", "",
-                  *table(["agent", "apples"], [[f"a{i}", fmt_pm(*audit.mean_std(arr[:, i])[:2])]
-                                               for i in range(arr.shape[1])]), "",
-                  (f"The per-agent apples add up to the team return in all {len(team)} episode(s) "
-                   f"(mean {fmt(float(team.mean()))} {units})." if ok.all() else
-                   f"Warning: the per-agent apples differ from the team return in {int((~ok).sum())} of "
-                   f"{len(team)} episode(s).")]
+        lines += [
+            "",
+            "Per-agent apples eaten (mean ± std over episodes, from `eval.json` `agent_apples`: Σ of the "
+            "agent's unshaped reward, a step can bring 2 apples):",
+            "",
+            *table(
+                ["agent", "apples"], [[f"a{i}", fmt_pm(*audit.mean_std(arr[:, i])[:2])] for i in range(arr.shape[1])]
+            ),
+            "",
+            (
+                f"The per-agent apples add up to the team return in all {len(team)} episode(s) "
+                f"(mean {fmt(float(team.mean()))} {units})."
+                if ok.all()
+                else f"Warning: the per-agent apples differ from the team return in {int((~ok).sum())} of "
+                f"{len(team)} episode(s)."
+            ),
+        ]
     return lines + [""] + section_stats(ev.stats, game)
 
 
@@ -523,16 +622,21 @@ def section_stats(st: Any, game: str | None) -> list[str]:
     a table of policy, n, mean ± std, 95% CI; the Mann–Whitney U line; the plain-words notes."""
     lines = ["### Statistics (paper §6.1)", ""]
     if not isinstance(st, dict) or not isinstance(st.get("trained"), dict):
-        return lines + ["`eval.json` has no `stats` block (a run from before the statistics were recorded): no "
-                        "confidence intervals or test."]
+        return lines + [
+            "`eval.json` has no `stats` block (a run from before the statistics were recorded): no "
+            "confidence intervals or test."
+        ]
     units = st.get("units") or _units(game)
     level = _num(st.get("confidence_level"))
     level_txt = f"{100 * level:g}%" if math.isfinite(level) else "n/a"
     seeds = st.get("seeds") if isinstance(st.get("seeds"), list) else []
-    lines += [f"Per-episode `{st.get('metric', 'team_return')}` ({units}) on the same held-out seeds for every "
-              f"policy ({_seed_text(seeds)}): mean ± sample std (ddof = 1), the {level_txt} "
-              f"{st.get('bootstrap_method', 'percentile')} bootstrap CI of the mean ({_fmt_count(st.get('n_resamples'))} "
-              f"resamples, seed {fmt(st.get('bootstrap_seed'))}).", ""]
+    lines += [
+        f"Per-episode `{st.get('metric', 'team_return')}` ({units}) on the same held-out seeds for every "
+        f"policy ({_seed_text(seeds)}): mean ± sample std (ddof = 1), the {level_txt} "
+        f"{st.get('bootstrap_method', 'percentile')} bootstrap CI of the mean ({_fmt_count(st.get('n_resamples'))} "
+        f"resamples, seed {fmt(st.get('bootstrap_seed'))}).",
+        "",
+    ]
     rows = []
     for block in (st.get("trained"), st.get("base")):
         if not isinstance(block, dict):
@@ -540,23 +644,33 @@ def section_stats(st: Any, game: str | None) -> list[str]:
         ci = block.get("ci")
         ci_txt = f"[{fmt(_num(ci[0]))}, {fmt(_num(ci[1]))}]" if isinstance(ci, list) and len(ci) == 2 else "n/a"
         std = _num(block.get("std"))
-        rows.append([str(block.get("policy", "?")), fmt(block.get("n")),
-                     fmt_pm(_num(block.get("mean")), std) if math.isfinite(std) else fmt(_num(block.get("mean"))),
-                     ci_txt])
+        rows.append(
+            [
+                str(block.get("policy", "?")),
+                fmt(block.get("n")),
+                fmt_pm(_num(block.get("mean")), std) if math.isfinite(std) else fmt(_num(block.get("mean"))),
+                ci_txt,
+            ]
+        )
     lines += table(["policy", "n", f"mean ± std ({units})", f"{level_txt} CI of the mean"], rows) + [""]
     mw = st.get("mann_whitney")
     if isinstance(mw, dict):
         u, u_max = _num(mw.get("u")), _num(mw.get("u_max"))
-        share = f" ({mw.get('x')} ahead in {100 * u / u_max:.1f}% of episode pairs, ties counting half)" \
-            if math.isfinite(u) and u_max > 0 else ""
-        method = mw.get("method", "n/a") + (" with continuity correction" if mw.get("method") == "asymptotic"
-                                            and mw.get("use_continuity") else "")
-        lines.append(f"Mann–Whitney U ({mw.get('alternative', 'two-sided')}, {mw.get('x')} vs {mw.get('y')}, "
-                     f"scipy method `{method}`): U = {fmt(u, 1)} of {fmt(u_max, 0)}{share}, "
-                     f"p = {_fmt_p(mw.get('p_value'))}.")
+        share = (
+            f" ({mw.get('x')} ahead in {100 * u / u_max:.1f}% of episode pairs, ties counting half)"
+            if math.isfinite(u) and u_max > 0
+            else ""
+        )
+        method = mw.get("method", "n/a") + (
+            " with continuity correction" if mw.get("method") == "asymptotic" and mw.get("use_continuity") else ""
+        )
+        lines.append(
+            f"Mann–Whitney U ({mw.get('alternative', 'two-sided')}, {mw.get('x')} vs {mw.get('y')}, "
+            f"scipy method `{method}`): U = {fmt(u, 1)} of {fmt(u_max, 0)}{share}, "
+            f"p = {_fmt_p(mw.get('p_value'))}."
+        )
     else:
-        lines.append("No Mann–Whitney test: the frozen base was not evaluated (`--no-eval-base`) or a sample is "
-                     "empty.")
+        lines.append("No Mann–Whitney test: the frozen base was not evaluated (`--no-eval-base`) or a sample is empty.")
     notes = [n for n in st.get("notes", []) or [] if isinstance(n, str)]
     if notes:
         lines += ["", *[f"- {n}" for n in notes]]
@@ -570,7 +684,6 @@ def _seed_text(seeds: Sequence[Any]) -> str:
     if s == list(range(s[0], s[0] + len(s))) and len(s) > 3:
         return f"{s[0]}–{s[-1]}"
     return ", ".join(str(x) for x in s)
-
 
 
 def _decisions(run_dir: Path) -> tuple[list, str | None, str | None]:
@@ -597,12 +710,20 @@ def _decisions(run_dir: Path) -> tuple[list, str | None, str | None]:
     return [], None, note
 
 
-def section_decisions(recs: list[dict], source: str | None, note: str | None, n_agents: int | None,
-                      run_dir: Path, option_names: Sequence[str] | None = None) -> tuple[list[str], np.ndarray | None]:
+def section_decisions(
+    recs: list[dict],
+    source: str | None,
+    note: str | None,
+    n_agents: int | None,
+    run_dir: Path,
+    option_names: Sequence[str] | None = None,
+) -> tuple[list[str], np.ndarray | None]:
     lines = ["### Option choices and role split", ""]
     if not recs:
-        return lines + ["No decision records (`decisions/eval.jsonl` or `decisions/round_*.jsonl`): option "
-                        "histograms, role split and parse-failure audits are skipped."], None
+        return lines + [
+            "No decision records (`decisions/eval.jsonl` or `decisions/round_*.jsonl`): option "
+            "histograms, role split and parse-failure audits are skipped."
+        ], None
     recs = [r for r in recs if "aid" in r]
     names, counts = audit.option_histogram(recs, n_agents, option_names)
     keep = counts.sum(axis=0) > 0  # library options never chosen would only add empty columns
@@ -613,29 +734,52 @@ def section_decisions(recs: list[dict], source: str | None, note: str | None, n_
     ent = audit.option_entropy(counts)
     frac = audit.fractions(counts)
     lines += [f"Source: `{source}`, {len(recs)} decisions" + (f" ({note})" if note else "") + ".", ""]
-    rows = [[f"a{i}", str(int(counts[i].sum())), *[f"{100 * frac[i, k]:.1f}%" for k in range(len(names))],
-             fmt(ent[i]), fmt(pf[i], 3)] for i in range(counts.shape[0])]
+    rows = [
+        [
+            f"a{i}",
+            str(int(counts[i].sum())),
+            *[f"{100 * frac[i, k]:.1f}%" for k in range(len(names))],
+            fmt(ent[i]),
+            fmt(pf[i], 3),
+        ]
+        for i in range(counts.shape[0])
+    ]
     lines += table(["agent", "decisions", *names, "entropy (bits)", "parse-fail rate"], rows)
     lines += ["", f"![option histogram]({fig})", ""]
-    cat_rows = [[f"a{i}", *[f"{100 * split.frac[i, k]:.1f}%" for k in range(len(split.categories))], split.roles[i]]
-                for i in range(counts.shape[0])]
-    lines += ["Role split (option names mapped to categories by keyword: "
-              + "; ".join(f"{c}: {', '.join(v)}" for c, v in audit.ROLE_KEYWORDS.items()) + "; the rest `other`).",
-              "", *table(["agent", *split.categories, "role (largest share)"], cat_rows), ""]
+    cat_rows = [
+        [f"a{i}", *[f"{100 * split.frac[i, k]:.1f}%" for k in range(len(split.categories))], split.roles[i]]
+        for i in range(counts.shape[0])
+    ]
+    lines += [
+        "Role split (option names mapped to categories by keyword: "
+        + "; ".join(f"{c}: {', '.join(v)}" for c, v in audit.ROLE_KEYWORDS.items())
+        + "; the rest `other`).",
+        "",
+        *table(["agent", *split.categories, "role (largest share)"], cat_rows),
+        "",
+    ]
     roles = {r: split.roles.count(r) for r in dict.fromkeys(split.roles)}
-    lines += ["- Roles: " + ", ".join(f"{v} × {k}" for k, v in roles.items()) + ".",
-              f"- Specialisation index I(agent; option)/H(option): {fmt(split.specialisation, 3)} "
-              "(0 = every agent has the same option distribution, 1 = the agent determines the option).",
-              f"- Clean/eat commitment, mean |clean − eat| / (clean + eat) over agents that clean or eat: "
-              f"{fmt(split.commitment, 3)}; mean |clean_frac − eat_frac| over agents: {fmt(split.clean_eat_gap, 3)}.",
-              ""]
+    lines += [
+        "- Roles: " + ", ".join(f"{v} × {k}" for k, v in roles.items()) + ".",
+        f"- Specialisation index I(agent; option)/H(option): {fmt(split.specialisation, 3)} "
+        "(0 = every agent has the same option distribution, 1 = the agent determines the option).",
+        f"- Clean/eat commitment, mean |clean − eat| / (clean + eat) over agents that clean or eat: "
+        f"{fmt(split.commitment, 3)}; mean |clean_frac − eat_frac| over agents: {fmt(split.clean_eat_gap, 3)}.",
+        "",
+    ]
     out = audit.outcome_table(recs)
-    lines += ["Outcome of the chosen options (decision traces):", "",
-              *table(["option", *audit.OUTCOMES, "success rate"],
-                     [[o, *[str(v[c]) for c in audit.OUTCOMES],
-                       fmt(v["success"] / max(sum(v.values()), 1), 3)] for o, v in out.items()])]
+    lines += [
+        "Outcome of the chosen options (decision traces):",
+        "",
+        *table(
+            ["option", *audit.OUTCOMES, "success rate"],
+            [
+                [o, *[str(v[c]) for c in audit.OUTCOMES], fmt(v["success"] / max(sum(v.values()), 1), 3)]
+                for o, v in out.items()
+            ],
+        ),
+    ]
     return lines, counts
-
 
 
 def section_responses(recs: list, cfg: dict) -> list[str]:
@@ -649,12 +793,14 @@ def section_responses(recs: list, cfg: dict) -> list[str]:
     if n_tpl or (n_unknown and cfg.get("mode") == "choice_only"):
         ex = next((r.get("response") for r in recs if r.get("response")), None)
         n_lab = n_tpl + n_unknown if cfg.get("mode") == "choice_only" else n_tpl
-        lines.append(f"**Templated responses.** In `choice_only` mode the model scores the menu letters in one "
-                     f"forward pass and writes no text: the `response` of {n_lab} "
-                     f"of these {len(recs)} decision traces"
-                     + (f" (e.g. `{json.dumps(ex)[1:-1]}`)" if ex else "")
-                     + " is a template the rollout formatted from the sampled letter and state label "
-                       "(`response_source: template`), not model output.")
+        lines.append(
+            f"**Templated responses.** In `choice_only` mode the model scores the menu letters in one "
+            f"forward pass and writes no text: the `response` of {n_lab} "
+            f"of these {len(recs)} decision traces"
+            + (f" (e.g. `{json.dumps(ex)[1:-1]}`)" if ex else "")
+            + " is a template the rollout formatted from the sampled letter and state label "
+            "(`response_source: template`), not model output."
+        )
     if n_model:
         lines.append(f"{n_model} trace(s) hold text the model generated (`response_source: model`).")
     return lines + [""] if lines else []
@@ -674,30 +820,44 @@ def section_handoffs(recs: list, n_agents: int | None) -> list[str]:
         "A hand-off is an item one agent put on a counter (`drop_held`, success) that the other then picked up "
         "(`pick_from_counter`, success) at the same counter in the same episode (rows: who dropped, columns: who "
         "picked up; the diagonal: agents taking back their own items). Forced Coordination can only deliver "
-        "through hand-offs.", "",
-        *table(["dropped by \\ picked by", *[f"a{j}" for j in range(n)]], rows), "",
-        f"{off} hand-off(s) over {n_eps} episode(s) ({fmt(off / n_eps)} per episode)."]
+        "through hand-offs.",
+        "",
+        *table(["dropped by \\ picked by", *[f"a{j}" for j in range(n)]], rows),
+        "",
+        f"{off} hand-off(s) over {n_eps} episode(s) ({fmt(off / n_eps)} per episode).",
+    ]
 
 
-def section_trajectories(traj: artifacts.EvalTrajectories | None, note: str | None, game: str | None,
-                         ev: artifacts.EvalRecord | None, recs: list, run_dir: Path) -> list[str]:
+def section_trajectories(
+    traj: artifacts.EvalTrajectories | None,
+    note: str | None,
+    game: str | None,
+    ev: artifacts.EvalRecord | None,
+    recs: list,
+    run_dir: Path,
+) -> list[str]:
     """Spec §4 metrics, per-agent idling / apples / deliveries / waiting fraction / role by steps, the visit
     heatmaps over the map, and Harvest's patch survival, from ``eval_traj.npz`` (trained adapters)."""
     lines = ["### Trajectories", ""]
     if traj is None:
-        return lines + [f"`eval_traj.npz` {note or 'missing'}: idling, visit heatmaps, per-agent apples and the "
-                        "spec §4 metrics from trajectories are skipped."]
+        return lines + [
+            f"`eval_traj.npz` {note or 'missing'}: idling, visit heatmaps, per-agent apples and the "
+            "spec §4 metrics from trajectories are skipped."
+        ]
     p = traj.trained
     pos, alive, rew = p.positions, p.alive, p.rewards.astype(np.float64)
     e, t, n = p.shape
     lines += [f"{e} episode(s) × {t} steps × {n} agents (trained adapters).", ""]
     # 1. spec §4 metrics
     sm = audit.social_metrics(rew, alive)
-    lines += ["Spec §4 metrics (unshaped rewards; mean ± std over episodes): efficiency = team return per step, "
-              "equality = 1 − Gini (1 when nothing collected), sustainability = mean step of rewards "
-              "(unrewarded agents excluded), peace = mean agents in play per step.", "",
-              *table(["metric", "mean ± std"], [[k, fmt_pm(*audit.mean_std(v)[:2], 3)] for k, v in sm.items()]),
-              ""]
+    lines += [
+        "Spec §4 metrics (unshaped rewards; mean ± std over episodes): efficiency = team return per step, "
+        "equality = 1 − Gini (1 when nothing collected), sustainability = mean step of rewards "
+        "(unrewarded agents excluded), peace = mean agents in play per step.",
+        "",
+        *table(["metric", "mean ± std"], [[k, fmt_pm(*audit.mean_std(v)[:2], 3)] for k, v in sm.items()]),
+        "",
+    ]
     # 2. per-agent table: idling, apples / deliveries, waiting fraction, role by steps
     stat = audit.stationary_fraction(pos, alive)
     cols: dict[str, list[str]] = {"stationary fraction": [fmt(x, 3) for x in stat]}
@@ -705,29 +865,42 @@ def section_trajectories(traj: artifacts.EvalTrajectories | None, note: str | No
     if game and game.startswith("overcooked"):
         if recs:
             eps = sorted({(r.get("seed"), r.get("rollout")) for r in recs}, key=str)
-            per_ep = np.stack([audit.successes_per_agent([r for r in recs if (r.get("seed"), r.get("rollout")) == k],
-                                                         num_agents=n) for k in eps]).astype(np.float64)
+            per_ep = np.stack(
+                [
+                    audit.successes_per_agent([r for r in recs if (r.get("seed"), r.get("rollout")) == k], num_agents=n)
+                    for k in eps
+                ]
+            ).astype(np.float64)
             cols["deliveries / episode (decisions)"] = [fmt(d) for d in per_ep.mean(axis=0)]
             per_agent, quantity = per_ep, "deliveries"
-            extra = [f"Deliveries per agent count `deliver` decisions with outcome `success`, over the {len(eps)} "
-                     "episode(s) (distinct seed, rollout) of the decision records; the delivery reward itself is "
-                     "shared by both agents, so it does not tell who delivered."]
+            extra = [
+                f"Deliveries per agent count `deliver` decisions with outcome `success`, over the {len(eps)} "
+                "episode(s) (distinct seed, rollout) of the decision records; the delivery reward itself is "
+                "shared by both agents, so it does not tell who delivered."
+            ]
     else:
         per_agent, quantity = p.per_agent_apples().astype(np.float64), "apples"
         cols["apples / episode"] = [fmt_pm(*audit.mean_std(per_agent[:, i])[:2]) for i in range(n)]
         team = rew.sum(axis=(1, 2))
         same = np.isclose(per_agent.sum(axis=1), team)
-        extra = [f"Apples per agent = Σ of its unshaped reward (a step can bring 2 apples); they add up to the team "
-                 f"return in {int(same.sum())} of {e} episode(s)."]
+        extra = [
+            f"Apples per agent = Σ of its unshaped reward (a step can bring 2 apples); they add up to the team "
+            f"return in {int(same.sum())} of {e} episode(s)."
+        ]
     wf = audit.waiting_fraction(p.options, traj.idle_option_ids, alive)
     cols["waiting fraction (idle options)"] = [fmt(x, 3) for x in wf]
     steps = audit.option_step_histogram(p.options, len(traj.option_names), alive)
     cols["role by steps"] = list(audit.role_split(traj.option_names, steps).roles)
-    lines += ["Per agent (stationary fraction = share of in-play transitions without a change of cell; waiting "
-              f"fraction = share of in-play steps running an idle option: "
-              f"{', '.join(traj.option_names[k] for k in traj.idle_option_ids) or 'none in the library'}):", "",
-              *table(["agent", *cols], [[f"a{i}", *[c[i] for c in cols.values()]] for i in range(n)]), "", *extra,
-              ""]
+    lines += [
+        "Per agent (stationary fraction = share of in-play transitions without a change of cell; waiting "
+        f"fraction = share of in-play steps running an idle option: "
+        f"{', '.join(traj.option_names[k] for k in traj.idle_option_ids) or 'none in the library'}):",
+        "",
+        *table(["agent", *cols], [[f"a{i}", *[c[i] for c in cols.values()]] for i in range(n)]),
+        "",
+        *extra,
+        "",
+    ]
     if per_agent is not None:
         lines += [f"![per-agent {quantity}]({plot_per_agent(per_agent, run_dir, quantity)})", ""]
     # 3. heatmaps over the map
@@ -753,19 +926,27 @@ def section_patches(traj: artifacts.EvalTrajectories, ev: artifacts.EvalRecord |
         ext = audit.extinction_step(alive_t)
         died = ext[ext >= 0]
         final = over_time[:, -1]
-        lines += [f"Patches alive at the end of the episode (of {n_p}; from the live-apple grids over time in "
-                  f"`eval_traj.npz`): {fmt_pm(*audit.mean_std(final)[:2])} over {len(final)} episode(s).",
-                  f"Extinct patches: {died.size} of {ext.size} (episode × patch); mean extinction step "
-                  f"{fmt(float(died.mean()) if died.size else math.nan, 1)}.", "",
-                  f"![patch survival]({plot_patch_survival(over_time, run_dir)})", ""]
+        lines += [
+            f"Patches alive at the end of the episode (of {n_p}; from the live-apple grids over time in "
+            f"`eval_traj.npz`): {fmt_pm(*audit.mean_std(final)[:2])} over {len(final)} episode(s).",
+            f"Extinct patches: {died.size} of {ext.size} (episode × patch); mean extinction step "
+            f"{fmt(float(died.mean()) if died.size else math.nan, 1)}.",
+            "",
+            f"![patch survival]({plot_patch_survival(over_time, run_dir)})",
+            "",
+        ]
         return lines
     final = None if ev is None else ev.trained.metric("final_patches_alive")
     if final is None or not np.isfinite(final).any():
-        return lines + ["No live-apple grids in `eval_traj.npz` and no `final_patches_alive` in `eval.json`: "
-                        "patch survival not reported."]
-    return lines + [f"Patches alive at the end of the episode (of {n_p}; `final_patches_alive` per episode in "
-                    f"`eval.json`; no grids over time were recorded): {fmt_pm(*audit.mean_std(final)[:2])} over "
-                    f"{int(np.isfinite(final).sum())} episode(s)."]
+        return lines + [
+            "No live-apple grids in `eval_traj.npz` and no `final_patches_alive` in `eval.json`: "
+            "patch survival not reported."
+        ]
+    return lines + [
+        f"Patches alive at the end of the episode (of {n_p}; `final_patches_alive` per episode in "
+        f"`eval.json`; no grids over time were recorded): {fmt_pm(*audit.mean_std(final)[:2])} over "
+        f"{int(np.isfinite(final).sum())} episode(s)."
+    ]
 
 
 def section_solo(solo: artifacts.SoloRecord | None, why: str | None, cfg: dict, game: str | None) -> list[str]:
@@ -775,46 +956,64 @@ def section_solo(solo: artifacts.SoloRecord | None, why: str | None, cfg: dict, 
     wanted = _num(cfg.get("solo_episodes"))
     if solo is None:
         if why == "missing":
-            return lines + (["Not run (config `solo_episodes` = 0)."] if not wanted > 0 else
-                            [f"`solo.json` is missing although the config asks for {fmt(int(wanted))} solo "
-                             "episode(s): the solo test is skipped."])
+            return lines + (
+                ["Not run (config `solo_episodes` = 0)."]
+                if not wanted > 0
+                else [
+                    f"`solo.json` is missing although the config asks for {fmt(int(wanted))} solo "
+                    "episode(s): the solo test is skipped."
+                ]
+            )
         return lines + [f"`solo.json` is malformed: {why}; the solo test is skipped."]
     team, own, full = solo.team_return, solo.own_return, solo.full_team
     units = solo.units or _units(game)
     seeds = list(solo.seeds)
     f_mean, f_std, f_n = audit.mean_std(full)
-    lines += [f"Each agent plays alone with its evaluated adapter while every other agent is idled (takes `wait` "
-              f"at each decision point, no LLM call), on {len(seeds)} evaluation seed(s) ({_seed_text(seeds)}); "
-              f"the full team's return on the same seeds comes from the evaluation. Returns in {units}, mean ± std "
-              "(sample std) over seeds.", ""]
+    lines += [
+        f"Each agent plays alone with its evaluated adapter while every other agent is idled (takes `wait` "
+        f"at each decision point, no LLM call), on {len(seeds)} evaluation seed(s) ({_seed_text(seeds)}); "
+        f"the full team's return on the same seeds comes from the evaluation. Returns in {units}, mean ± std "
+        "(sample std) over seeds.",
+        "",
+    ]
     rows = []
     for i in range(team.shape[0]):
         m, sd, _ = audit.mean_std(team[i])
         om, osd, on = audit.mean_std(own[i])
-        vs = (f"{100 * m / f_mean:.0f}% of the team's" if f_n and f_mean > 0 and math.isfinite(m) else
-              "n/a (team scores 0)" if f_n else "n/a (full team not run)")
+        vs = (
+            f"{100 * m / f_mean:.0f}% of the team's"
+            if f_n and f_mean > 0 and math.isfinite(m)
+            else "n/a (team scores 0)"
+            if f_n
+            else "n/a (full team not run)"
+        )
         rows.append([f"a{i}", fmt_pm(m, sd), fmt_pm(om, osd) if on else "n/a", vs])
     lines += table(["agent", f"solo team return ({units})", f"own return ({units})", "vs full team"], rows)
     lines += ["", f"Full team on the same seeds: {fmt_pm(f_mean, f_std)} {units}.", ""]
     verdict = audit.solo_verdict(team, full)
     k = audit.solo_scoring_seeds(full)
     scoring = [f"a{i}" for i in range(team.shape[0]) if (team[i][np.isfinite(team[i])] > 0).any()]
-    lines.append({
-        "solo_solvable": f"Solo-solvable: {', '.join(scoring)} score{'s' if len(scoring) == 1 else ''} alone, so "
-                         "the task does not need a partner here and team reward can overstate cooperation (paper "
-                         "§6.4: Overcooked Asymmetric Advantages).",
-        "needs_partner": f"Needs a partner: every agent alone scores 0 while the full team scores "
-                         f"{fmt(f_mean)} {units}, so the team's reward is behaviour that only works with a partner, "
-                         "evidence of coordination (paper §6.4: Overcooked Forced Coordination).",
-        "not_informative": f"Not informative: the full team scored on {k} of the {len(seeds)} seed(s), fewer than "
-                           f"the {audit.MIN_SOLO_SEEDS} the rule needs, so the solo scores say nothing about "
-                           "coordination.",
-        "undetermined": "Undetermined: the full team's return on these seeds is not recorded.",
-    }[verdict])
-    lines += ["", f"Rule (`jaxopt_marl.audit.solo_verdict`): a verdict needs at least {audit.MIN_SOLO_SEEDS} seeds "
-                  f"on which the full team scored (return > 0); then solo-solvable if some agent alone scores on "
-                  f"some seed, needs-a-partner if none does; otherwise not informative. Here: {k} of "
-                  f"{len(seeds)} seed(s)."]
+    lines.append(
+        {
+            "solo_solvable": f"Solo-solvable: {', '.join(scoring)} score{'s' if len(scoring) == 1 else ''} alone, so "
+            "the task does not need a partner here and team reward can overstate cooperation (paper "
+            "§6.4: Overcooked Asymmetric Advantages).",
+            "needs_partner": f"Needs a partner: every agent alone scores 0 while the full team scores "
+            f"{fmt(f_mean)} {units}, so the team's reward is behaviour that only works with a partner, "
+            "evidence of coordination (paper §6.4: Overcooked Forced Coordination).",
+            "not_informative": f"Not informative: the full team scored on {k} of the {len(seeds)} seed(s), fewer than "
+            f"the {audit.MIN_SOLO_SEEDS} the rule needs, so the solo scores say nothing about "
+            "coordination.",
+            "undetermined": "Undetermined: the full team's return on these seeds is not recorded.",
+        }[verdict]
+    )
+    lines += [
+        "",
+        f"Rule (`jaxopt_marl.audit.solo_verdict`): a verdict needs at least {audit.MIN_SOLO_SEEDS} seeds "
+        f"on which the full team scored (return > 0); then solo-solvable if some agent alone scores on "
+        f"some seed, needs-a-partner if none does; otherwise not informative. Here: {k} of "
+        f"{len(seeds)} seed(s).",
+    ]
     return lines
 
 
@@ -826,11 +1025,14 @@ def section_episode(run_dir: Path, ev: artifacts.EvalRecord | None) -> list[str]
     if ev is not None and ev.seeds:
         rnd = f" of round {ev.checkpoint_round}" if ev.checkpoint_round is not None else ""
         rule = ev.checkpoint_rule or "checkpoint rule not recorded"
-        lines += ["", f"Whose episode: evaluation episode 0 (seed {ev.seeds[0]}) of the trained adapters{rnd} "
-                      f"({rule}), replayed from its recorded primitive "
-                      "actions with the same env keys: the evaluated episode itself (team return "
-                      f"{fmt(ev.trained.team_returns[0])} {_units(ev.game)}), not a fresh sample. Each frame shows "
-                      "the step counter (the state after env step t of T) and a colour legend."]
+        lines += [
+            "",
+            f"Whose episode: evaluation episode 0 (seed {ev.seeds[0]}) of the trained adapters{rnd} "
+            f"({rule}), replayed from its recorded primitive "
+            "actions with the same env keys: the evaluated episode itself (team return "
+            f"{fmt(ev.trained.team_returns[0])} {_units(ev.game)}), not a fresh sample. Each frame shows "
+            "the step counter (the state after env step t of T) and a colour legend.",
+        ]
     return lines
 
 
@@ -842,13 +1044,20 @@ def section_episode(run_dir: Path, ev: artifacts.EvalRecord | None) -> list[str]
 def run_size_line(run_dir: Path) -> str:
     """One line: the bytes under ``run_dir`` (all files, as the report is written; MB = 10^6 bytes), with the
     checkpoint folders' share (``checkpoints/`` bounded by ``--keep-checkpoints``, ``best/`` one step)."""
+
     def size(d: Path) -> int:
         return sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) if d.is_dir() else 0
 
-    parts = [f"`{name}/` {size(run_dir / name) / 1e6:.1f} MB"
-             for name in ("checkpoints", "best", "checkpoints.corrupt") if (run_dir / name).is_dir()]
-    return (f"**Run folder size**: {size(run_dir) / 1e6:.1f} MB on disk"
-            + (f" ({', '.join(parts)})" if parts else "") + " when this report was written.")
+    parts = [
+        f"`{name}/` {size(run_dir / name) / 1e6:.1f} MB"
+        for name in ("checkpoints", "best", "checkpoints.corrupt")
+        if (run_dir / name).is_dir()
+    ]
+    return (
+        f"**Run folder size**: {size(run_dir) / 1e6:.1f} MB on disk"
+        + (f" ({', '.join(parts)})" if parts else "")
+        + " when this report was written."
+    )
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -897,14 +1106,18 @@ def write_report(run_dir: str | Path) -> Path:
     elif solo_why:
         missing.append(f"`solo.json` {solo_why}")
 
-    n_agents = traj.trained.shape[2] if traj is not None else (
-        cfg["num_agents"] if isinstance(cfg.get("num_agents"), int) else None)
+    n_agents = (
+        traj.trained.shape[2]
+        if traj is not None
+        else (cfg["num_agents"] if isinstance(cfg.get("num_agents"), int) else None)
+    )
     lines = section_header(cfg, run_dir) + ["", run_size_line(run_dir), ""]
     lines += section_training(rows, run_dir, _units(game)) + [""]
     lines += section_eval(ev, ev_why, game) + [""]
     lines += ["## Behavioural audits", ""]
-    dec_lines, _ = section_decisions(recs, source, note, n_agents, run_dir,
-                                     traj.option_names if traj is not None else None)
+    dec_lines, _ = section_decisions(
+        recs, source, note, n_agents, run_dir, traj.option_names if traj is not None else None
+    )
     lines += dec_lines + [""] + section_responses(recs, cfg)
     if game and game.startswith("overcooked"):
         lines += section_handoffs(recs, n_agents) + [""]

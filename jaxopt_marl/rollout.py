@@ -73,8 +73,9 @@ class PolicyConfig:
         if self.mode not in MODES:
             raise ValueError(f"unknown scoring mode {self.mode!r}; known: {', '.join(MODES)}")
         if self.temperature < 0 or self.max_new_tokens < 1:
-            raise ValueError(f"temperature must be >= 0 and max_new_tokens >= 1, got {self.temperature}, "
-                             f"{self.max_new_tokens}")
+            raise ValueError(
+                f"temperature must be >= 0 and max_new_tokens >= 1, got {self.temperature}, {self.max_new_tokens}"
+            )
 
     @property
     def response_len(self) -> int:
@@ -105,8 +106,8 @@ def left_pad(seqs, pad_id: int, rows: int, width: int) -> tuple[np.ndarray, np.n
     ids = np.full((rows, width), pad_id, np.int32)
     mask = np.zeros((rows, width), bool)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = s
-        mask[i, width - len(s):] = True
+        ids[i, width - len(s) :] = s
+        mask[i, width - len(s) :] = True
     return ids, mask
 
 
@@ -149,10 +150,8 @@ class LLMPolicy:
         eos = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
         self.eos_ids = tuple(sorted(int(e) for e in eos if e is not None and e >= 0))
         # Shared prefix: the rendered system turn (only if the full render starts with it).
-        sys_text = render_chat(tokenizer, [{"role": "system", "content": self.system}],
-                               add_generation_prompt=False)
-        probe = render_chat(tokenizer, [{"role": "system", "content": self.system},
-                                        {"role": "user", "content": "x"}])
+        sys_text = render_chat(tokenizer, [{"role": "system", "content": self.system}], add_generation_prompt=False)
+        probe = render_chat(tokenizer, [{"role": "system", "content": self.system}, {"role": "user", "content": "x"}])
         self.prefix_text = sys_text if probe.startswith(sys_text) else ""
         self.prefix_ids = self._encode([self.prefix_text])[0] if self.prefix_text else []
         # " A" .. " Z": the letter tokens after "choice:" (first token if a letter splits).
@@ -184,9 +183,9 @@ class LLMPolicy:
         ids = np.unique(rows)
         key = tuple(ids.tolist())
         if key not in self._caches:
-            cache = sampling.prefill_prefix_per_agent(self.graphdef, self.state,
-                                                      jnp.asarray([self.prefix_ids], jnp.int32),
-                                                      jnp.asarray(ids, jnp.int32))
+            cache = sampling.prefill_prefix_per_agent(
+                self.graphdef, self.state, jnp.asarray([self.prefix_ids], jnp.int32), jnp.asarray(ids, jnp.int32)
+            )
             self._caches = {key: (cache, ids)}
         cache, ids = self._caches[key]
         return sampling.gather_cache_rows(cache, jnp.asarray(np.searchsorted(ids, rows), jnp.int32))
@@ -195,15 +194,21 @@ class LLMPolicy:
 
     def prompt_texts(self, user: str, label: str) -> tuple[str, str]:
         """(full chat prompt, response prefix) for one decision."""
-        full = render_chat(self.tok, [{"role": "system", "content": self.system},
-                                      {"role": "user", "content": user}])
+        full = render_chat(self.tok, [{"role": "system", "content": self.system}, {"role": "user", "content": user}])
         prefix = f"state: {label}\nchoice:" if self.cfg.mode == "choice_only" else ""
         return full, prefix
 
     # -- the batched call ---------------------------------------------------------------------------------
 
-    def decide(self, users: list[str], labels: list[str], aids: np.ndarray, n_letters: list[int],
-               keys: jax.Array, reference: bool = False) -> list[Decision]:
+    def decide(
+        self,
+        users: list[str],
+        labels: list[str],
+        aids: np.ndarray,
+        n_letters: list[int],
+        keys: jax.Array,
+        reference: bool = False,
+    ) -> list[Decision]:
         """One batched LLM call for every row (one row = one agent's decision).
 
         Args:
@@ -238,27 +243,53 @@ class LLMPolicy:
         keys = keys[jnp.asarray(np.minimum(np.arange(b), r - 1))]
         out = []
         if self.cfg.mode == "choice_only":
-            lp = _letter_logprobs(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask), agent_ids, cache,
-                                  jnp.asarray(self.letter_ids))
+            lp = _letter_logprobs(
+                self.graphdef,
+                self.state,
+                jnp.asarray(ids),
+                jnp.asarray(mask),
+                agent_ids,
+                cache,
+                jnp.asarray(self.letter_ids),
+            )
             n_let = np.zeros((b,), np.int32)
             n_let[:r] = n_letters
-            letters, logps = (np.asarray(x) for x in _choose_letters_jit(lp, jnp.asarray(n_let), keys,
-                                                                         jnp.float32(self.cfg.temperature)))
+            letters, logps = (
+                np.asarray(x)
+                for x in _choose_letters_jit(lp, jnp.asarray(n_let), keys, jnp.float32(self.cfg.temperature))
+            )
             for i in range(r):
                 j, n = int(letters[i]), max(1, int(n_letters[i]))
-                out.append(Decision(prompt_ids=prompt_ids[i], response_ids=[int(self.letter_ids[j])],
-                                    text=f"{fulls[i][1]} {menus.LETTERS[j]}", logp=float(logps[i]),
-                                    choices=[int(x) for x in self.letter_ids[:n]]))
+                out.append(
+                    Decision(
+                        prompt_ids=prompt_ids[i],
+                        response_ids=[int(self.letter_ids[j])],
+                        text=f"{fulls[i][1]} {menus.LETTERS[j]}",
+                        logp=float(logps[i]),
+                        choices=[int(x) for x in self.letter_ids[:n]],
+                    )
+                )
             return out
-        gen = sampling.generate_rows(self.graphdef, self.state, jnp.asarray(ids), jnp.asarray(mask), keys, agent_ids,
-                                     jnp.float32(self.cfg.temperature), cache, max_new_tokens=self.cfg.max_new_tokens,
-                                     eos_ids=self.eos_ids, pad_id=self.pad_id)
+        gen = sampling.generate_rows(
+            self.graphdef,
+            self.state,
+            jnp.asarray(ids),
+            jnp.asarray(mask),
+            keys,
+            agent_ids,
+            jnp.float32(self.cfg.temperature),
+            cache,
+            max_new_tokens=self.cfg.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+        )
         toks, lps, live = (np.asarray(x) for x in (gen.tokens, gen.logprobs_t, gen.mask))
         for i in range(r):
             resp = [int(t) for t in toks[i][live[i]]] or [int(toks[i, 0])]
             text = self.tok.decode([t for t in resp if t not in self.eos_ids], skip_special_tokens=True)
-            out.append(Decision(prompt_ids=prompt_ids[i], response_ids=resp, text=text,
-                                logp=float(lps[i][live[i]].sum())))
+            out.append(
+                Decision(prompt_ids=prompt_ids[i], response_ids=resp, text=text, logp=float(lps[i][live[i]].sum()))
+            )
         return out
 
 
@@ -320,8 +351,9 @@ def decision_sample_key(llm_key: jax.Array, aid, decision) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(llm_key, aid), decision)
 
 
-def choose_letters(letter_logits: jax.Array, n_letters: jax.Array, keys: jax.Array,
-                   temperature) -> tuple[jax.Array, jax.Array]:
+def choose_letters(
+    letter_logits: jax.Array, n_letters: jax.Array, keys: jax.Array, temperature
+) -> tuple[jax.Array, jax.Array]:
     """``choice_only`` sampling: a letter among each row's first ``n`` menu letters at the temperature.
 
     Args:
@@ -372,11 +404,14 @@ def make_advance_env(lib, env, game: str, steps: int, frames: bool = False):
             running = jnp.where(m.slots.active, m.slots.opt, -1)
             m, rec, action = macro.advance(lib, env, m, jax.random.fold_in(env_key, pre.step), return_action=True)
             pos, alive = _agent_view(game, m.env)
-            tr = dict(positions=tr["positions"].at[t].set(pos.astype(jnp.int32)),
-                      rewards=tr["rewards"].at[t].set(_step_rewards(game, pre, m.env, n)),
-                      alive=tr["alive"].at[t].set(alive), options=tr["options"].at[t].set(running),
-                      actions=tr["actions"].at[t].set(action),
-                      **({"frames": tr["frames"].at[t].set(env.render(m.env))} if frames else {}))
+            tr = dict(
+                positions=tr["positions"].at[t].set(pos.astype(jnp.int32)),
+                rewards=tr["rewards"].at[t].set(_step_rewards(game, pre, m.env, n)),
+                alive=tr["alive"].at[t].set(alive),
+                options=tr["options"].at[t].set(running),
+                actions=tr["actions"].at[t].set(action),
+                **({"frames": tr["frames"].at[t].set(env.render(m.env))} if frames else {}),
+            )
             return m, tr, i + 1, rec
 
         ms, tr, _, rec = jax.lax.while_loop(cond, body, (ms, tr, jnp.int32(0), macro._empty_rec(lib)))
@@ -399,10 +434,13 @@ def make_advance(lib, env, game: str, steps: int, frames: bool = False):
 
 def empty_traj(batch: int, steps: int, n: int, frame_shape: tuple[int, ...] | None = None) -> dict:
     """Zeroed trajectory buffers ``[batch, steps, ...]``; ``frame_shape`` (H, W, 3) adds ``frames``."""
-    out = dict(positions=jnp.full((batch, steps, n, 2), -1, jnp.int32),
-               rewards=jnp.zeros((batch, steps, n), jnp.float32),
-               alive=jnp.zeros((batch, steps, n), bool), options=jnp.full((batch, steps, n), -1, jnp.int32),
-               actions=jnp.full((batch, steps, n), -1, jnp.int32))
+    out = dict(
+        positions=jnp.full((batch, steps, n, 2), -1, jnp.int32),
+        rewards=jnp.zeros((batch, steps, n), jnp.float32),
+        alive=jnp.zeros((batch, steps, n), bool),
+        options=jnp.full((batch, steps, n), -1, jnp.int32),
+        actions=jnp.full((batch, steps, n), -1, jnp.int32),
+    )
     if frame_shape is not None:
         out["frames"] = jnp.zeros((batch, steps, *frame_shape), jnp.uint8)
     return out
@@ -474,9 +512,18 @@ class Roller:
         self.keys_fn = jax.jit(jax.vmap(jax.vmap(dk, (None, 0, 0)), (0, None, 0)))
         self.stats_fn = jax.jit(jax.vmap(lambda s: {**env.world_stats(s), "team_return": team_return(game, s)}))
 
-    def collect(self, seeds: list[int], key: jax.Array, *, round_idx: int = 0, reference: bool = False,
-                progress: bool = False, desc: str = "rollouts", frames: bool = False,
-                active: np.ndarray | None = None) -> RolloutResult:
+    def collect(
+        self,
+        seeds: list[int],
+        key: jax.Array,
+        *,
+        round_idx: int = 0,
+        reference: bool = False,
+        progress: bool = False,
+        desc: str = "rollouts",
+        frames: bool = False,
+        active: np.ndarray | None = None,
+    ) -> RolloutResult:
         """Plays ``len(seeds)`` joint episodes (reset key ``PRNGKey(seed)``) to the end.
 
         Args:
@@ -551,10 +598,12 @@ class Roller:
                 menus_txt.append(text)
             # 2. One batched LLM call.
             t0 = time.perf_counter()
-            keys = (jnp.stack([decision_sample_key(llm_keys[b], a, int(ndec[b, a])) for b, a in rows])
-                    if rows else None)
-            outs = self.policy.decide(users, labels, np.array([a for _, a in rows]), n_let, keys,
-                                      reference=reference) if rows else []
+            keys = jnp.stack([decision_sample_key(llm_keys[b], a, int(ndec[b, a])) for b, a in rows]) if rows else None
+            outs = (
+                self.policy.decide(users, labels, np.array([a for _, a in rows]), n_let, keys, reference=reference)
+                if rows
+                else []
+            )
             llm_s += time.perf_counter() - t0
             # 3. Parse, choose, trace.
             for (b, a), d, text, n_l, user in zip(rows, outs, menus_txt, n_let, users):
@@ -572,13 +621,27 @@ class Roller:
                 team = float(snap["team"][b])
                 mem[b][a].remember(opt_name, team)
                 pending[(b, a)] = len(traces)
-                traces.append(dict(round=int(round_idx), rollout=b, seed=int(seeds[b]), step=int(snap["step"][b]),
-                                   aid=int(a), prompt=user, menu=text.split("\n")[1:], response=d.text,
-                                   response_source="template" if self.policy.cfg.mode == "choice_only"
-                                   else "model", choice=res.letter, parse=res.reason, parse_fail=not res.ok, option=opt_name,
-                                   target=None if tgt[0] < 0 else [int(tgt[1]), int(tgt[0])],
-                                   outcome="idle" if inst < 0 else "running", logp=d.logp,
-                                   reference=bool(reference)))
+                traces.append(
+                    dict(
+                        round=int(round_idx),
+                        rollout=b,
+                        seed=int(seeds[b]),
+                        step=int(snap["step"][b]),
+                        aid=int(a),
+                        prompt=user,
+                        menu=text.split("\n")[1:],
+                        response=d.text,
+                        response_source="template" if self.policy.cfg.mode == "choice_only" else "model",
+                        choice=res.letter,
+                        parse=res.reason,
+                        parse_fail=not res.ok,
+                        option=opt_name,
+                        target=None if tgt[0] < 0 else [int(tgt[1]), int(tgt[0])],
+                        outcome="idle" if inst < 0 else "running",
+                        logp=d.logp,
+                        reference=bool(reference),
+                    )
+                )
                 decisions.append((b, a, d))
                 ndec[b, a] += 1
             ms, rec_fail = self.begin(ms, jnp.asarray(choice))
@@ -593,9 +656,17 @@ class Roller:
                 traces[idx]["outcome"] = "episode_end"
         st = {k: np.asarray(v) for k, v in self.stats_fn(ms.env).items()}
         host_traj = {k: np.asarray(v) for k, v in traj.items()}
-        return RolloutResult(returns=st["team_return"].astype(np.float32), decisions=decisions, traces=traces,
-                             parse=stats, traj=host_traj, stats=st, seconds=time.perf_counter() - t_start,
-                             llm_seconds=llm_s, waves=it)
+        return RolloutResult(
+            returns=st["team_return"].astype(np.float32),
+            decisions=decisions,
+            traces=traces,
+            parse=stats,
+            traj=host_traj,
+            stats=st,
+            seconds=time.perf_counter() - t_start,
+            llm_seconds=llm_s,
+            waves=it,
+        )
 
     def _outcomes(self, rec, pending: dict, traces: list) -> None:
         """Writes finished options' outcomes into their decisions' traces."""
@@ -608,13 +679,26 @@ class Roller:
             if idx is None:
                 continue
             o = int(outcome[b, a])
-            traces[idx]["outcome"] = ("success" if o == OUTCOME_SUCCESS else "effect_fail"
-                                      if o == OUTCOME_EFFECT_FAIL else
-                                      f"explicit:{self.lib.reasons[o - OUTCOME_EXPLICIT_BASE]}")
+            traces[idx]["outcome"] = (
+                "success"
+                if o == OUTCOME_SUCCESS
+                else "effect_fail"
+                if o == OUTCOME_EFFECT_FAIL
+                else f"explicit:{self.lib.reasons[o - OUTCOME_EXPLICIT_BASE]}"
+            )
 
 
-__all__ = ["Decision", "LLMPolicy", "MODES", "PolicyConfig", "Roller", "RolloutResult", "empty_traj",
-           "make_advance", "team_return"]
+__all__ = [
+    "Decision",
+    "LLMPolicy",
+    "MODES",
+    "PolicyConfig",
+    "Roller",
+    "RolloutResult",
+    "empty_traj",
+    "make_advance",
+    "team_return",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------

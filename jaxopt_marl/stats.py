@@ -22,7 +22,7 @@ The returned dicts hold plain Python numbers and ``None`` only (no NaN), ready f
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy
@@ -53,8 +53,9 @@ def check_scipy() -> None:
     """Raises ImportError naming the installed version if scipy is older than :data:`SCIPY_MIN`."""
     have = tuple(int(p) for p in scipy.__version__.split(".")[:2])
     if have < SCIPY_MIN:
-        raise ImportError(f"jaxopt_marl.stats needs scipy >= {'.'.join(map(str, SCIPY_MIN))}, found "
-                          f"scipy {scipy.__version__}")
+        raise ImportError(
+            f"jaxopt_marl.stats needs scipy >= {'.'.join(map(str, SCIPY_MIN))}, found scipy {scipy.__version__}"
+        )
 
 
 def _values(values: Sequence[float], name: str) -> np.ndarray:
@@ -94,8 +95,14 @@ def summarize(values: Sequence[float], name: str = "sample") -> dict:
     if constant:
         out["ci"] = [float(v[0]), float(v[0])]
     else:
-        res = sps.bootstrap((v,), np.mean, n_resamples=N_RESAMPLES, confidence_level=CONFIDENCE_LEVEL,
-                            method=BOOTSTRAP_METHOD, rng=np.random.default_rng(BOOTSTRAP_SEED))
+        res = sps.bootstrap(
+            (v,),
+            np.mean,
+            n_resamples=N_RESAMPLES,
+            confidence_level=CONFIDENCE_LEVEL,
+            method=BOOTSTRAP_METHOD,
+            rng=np.random.default_rng(BOOTSTRAP_SEED),
+        )
         out["ci"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
     return out
 
@@ -131,10 +138,19 @@ def mann_whitney(x: Sequence[float], y: Sequence[float], x_name: str = "x", y_na
         return None
     method = mwu_method(xv, yv)
     res = sps.mannwhitneyu(xv, yv, use_continuity=USE_CONTINUITY, alternative=ALTERNATIVE, method=method)
-    return {"x": x_name, "y": y_name, "n_x": int(xv.size), "n_y": int(yv.size), "alternative": ALTERNATIVE,
-            "method": method, "use_continuity": USE_CONTINUITY, "u": float(res.statistic),
-            "u_max": float(xv.size * yv.size), "p_value": float(res.pvalue),
-            "min_p_exact": min(1.0, 2.0 / math.comb(int(xv.size + yv.size), int(xv.size)))}
+    return {
+        "x": x_name,
+        "y": y_name,
+        "n_x": int(xv.size),
+        "n_y": int(yv.size),
+        "alternative": ALTERNATIVE,
+        "method": method,
+        "use_continuity": USE_CONTINUITY,
+        "u": float(res.statistic),
+        "u_max": float(xv.size * yv.size),
+        "p_value": float(res.pvalue),
+        "min_p_exact": min(1.0, 2.0 / math.comb(int(xv.size + yv.size), int(xv.size))),
+    }
 
 
 def _notes(blocks: dict[str, dict], test: dict | None) -> list[str]:
@@ -143,30 +159,52 @@ def _notes(blocks: dict[str, dict], test: dict | None) -> list[str]:
     notes = []
     thin = {label: s["n"] for label, s in blocks.items() if s["n"] < MIN_EPISODES}
     if thin:
-        sizes = (f"{next(iter(thin.values()))} episode(s) per policy" if len(set(thin.values())) == 1
-                 and len(thin) == len(blocks) else ", ".join(f"{k} {v} episode(s)" for k, v in thin.items()))
-        notes.append(f"Only {sizes} (fewer than {MIN_EPISODES}; the paper uses 20): the means, intervals and "
-                     "test say next to nothing.")
+        sizes = (
+            f"{next(iter(thin.values()))} episode(s) per policy"
+            if len(set(thin.values())) == 1 and len(thin) == len(blocks)
+            else ", ".join(f"{k} {v} episode(s)" for k, v in thin.items())
+        )
+        notes.append(
+            f"Only {sizes} (fewer than {MIN_EPISODES}; the paper uses 20): the means, intervals and "
+            "test say next to nothing."
+        )
     const = {label: s["mean"] for label, s in blocks.items() if s["n"] >= 2 and s["std"] == 0.0}
     if len(const) == len(blocks) and len(set(const.values())) == 1 and len(blocks) > 1:
-        notes.append(f"Every episode of both policies returned {next(iter(const.values())):g}: the intervals are "
-                     "single points and the Mann–Whitney test has nothing to compare (p = 1).")
+        notes.append(
+            f"Every episode of both policies returned {next(iter(const.values())):g}: the intervals are "
+            "single points and the Mann–Whitney test has nothing to compare (p = 1)."
+        )
     else:
-        notes += [f"{label}: every episode returned {v:g}, so its bootstrap interval is [{v:g}, {v:g}]: no spread "
-                  "was observed, which is not certainty." for label, v in const.items()]
+        notes += [
+            f"{label}: every episode returned {v:g}, so its bootstrap interval is [{v:g}, {v:g}]: no spread "
+            "was observed, which is not certainty."
+            for label, v in const.items()
+        ]
     if test is not None and test["min_p_exact"] > 0.05 and test["p_value"] < 1.0:
-        notes.append(f"With {test['n_x']} vs {test['n_y']} episodes the exact test cannot give a two-sided p below "
-                     f"{test['min_p_exact']:.3g} even for completely separated samples, so this test cannot show a "
-                     "difference at the 5% level"
-                     + (f"; the p = {test['p_value']:.3g} here is the normal approximation's (used because of ties), "
-                        "which is unreliable at this size" if test["method"] == "asymptotic"
-                        and test["p_value"] < test["min_p_exact"] else "") + ".")
+        notes.append(
+            f"With {test['n_x']} vs {test['n_y']} episodes the exact test cannot give a two-sided p below "
+            f"{test['min_p_exact']:.3g} even for completely separated samples, so this test cannot show a "
+            "difference at the 5% level"
+            + (
+                f"; the p = {test['p_value']:.3g} here is the normal approximation's (used because of ties), "
+                "which is unreliable at this size"
+                if test["method"] == "asymptotic" and test["p_value"] < test["min_p_exact"]
+                else ""
+            )
+            + "."
+        )
     return notes
 
 
-def eval_stats(trained: Sequence[float], base: Sequence[float] | None, *, seeds: Sequence[int] | None = None,
-               metric: str = "team_return", units: str | None = None, labels: tuple[str, str] = ("trained",
-                                                                                                  "frozen_base")) -> dict:
+def eval_stats(
+    trained: Sequence[float],
+    base: Sequence[float] | None,
+    *,
+    seeds: Sequence[int] | None = None,
+    metric: str = "team_return",
+    units: str | None = None,
+    labels: tuple[str, str] = ("trained", "frozen_base"),
+) -> dict:
     """The ``stats`` block of ``eval.json`` (paper §6.1) for the trained adapters and the frozen base.
 
     Args:
@@ -186,10 +224,16 @@ def eval_stats(trained: Sequence[float], base: Sequence[float] | None, *, seeds:
         ValueError: a value is NaN or infinite, or the two samples have different lengths although ``seeds``
             says they share the seeds.
     """
-    out = {"metric": metric, "units": units, "seeds": None if seeds is None else [int(s) for s in seeds],
-           "confidence_level": CONFIDENCE_LEVEL, "n_resamples": N_RESAMPLES, "bootstrap_method": BOOTSTRAP_METHOD,
-           "bootstrap_seed": BOOTSTRAP_SEED, "source": "paper §6.1: 95% percentile bootstrap CI of the mean "
-                                                       "(10,000 resamples), two-sided Mann–Whitney U"}
+    out = {
+        "metric": metric,
+        "units": units,
+        "seeds": None if seeds is None else [int(s) for s in seeds],
+        "confidence_level": CONFIDENCE_LEVEL,
+        "n_resamples": N_RESAMPLES,
+        "bootstrap_method": BOOTSTRAP_METHOD,
+        "bootstrap_seed": BOOTSTRAP_SEED,
+        "source": "paper §6.1: 95% percentile bootstrap CI of the mean (10,000 resamples), two-sided Mann–Whitney U",
+    }
     t = {"policy": labels[0], **summarize(trained, labels[0])}
     b = None if base is None else {"policy": labels[1], **summarize(base, labels[1])}
     if seeds is not None:
@@ -197,8 +241,9 @@ def eval_stats(trained: Sequence[float], base: Sequence[float] | None, *, seeds:
             if s is not None and s["n"] != len(out["seeds"]):
                 raise ValueError(f"{s['policy']}: {s['n']} value(s) for {len(out['seeds'])} seed(s)")
     test = None if b is None else mann_whitney(trained, base, labels[0], labels[1])
-    out.update(trained=t, base=b, mann_whitney=test,
-               notes=_notes({labels[0]: t, **({labels[1]: b} if b else {})}, test))
+    out.update(
+        trained=t, base=b, mann_whitney=test, notes=_notes({labels[0]: t, **({labels[1]: b} if b else {})}, test)
+    )
     return out
 
 

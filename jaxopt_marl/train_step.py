@@ -52,7 +52,8 @@ Design choices:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -60,7 +61,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxopt_marl import magrpo
 from lora.model import Decoder, KVCache
@@ -102,8 +104,12 @@ def progress_ticks(config: magrpo.MAGRPOConfig, num_decisions: int) -> tuple[int
     rows (D, padding included): one per scored micro-batch in ``prepare``, and epochs x minibatches x
     micro-batches per minibatch in ``update``."""
     mb = num_decisions // config.num_minibatches
-    return (num_decisions // micro_batch_size(config, num_decisions),
-            config.epochs * config.num_minibatches * (mb // micro_batch_size(config, mb)))
+    return (
+        num_decisions // micro_batch_size(config, num_decisions),
+        config.epochs * config.num_minibatches * (mb // micro_batch_size(config, mb)),
+    )
+
+
 # Adapter leaves are [..., N, in, R] (lora_a) and [..., N, R, out] (lora_b) (lora.params.init_adapters):
 # the agent axis is the third from the end.
 AGENT_AXIS_FROM_END = 3
@@ -154,11 +160,19 @@ class DecisionBatch:
         return self.tokens.shape[0]
 
 
-def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                   agent_ids: Sequence[int], advantages: Sequence[float], *, pad_id: int = 0,
-                   prompt_len: int | None = None, response_len: int | None = None,
-                   pad_to_multiple: int = 1, prefix: Sequence[int] = (),
-                   choices: Sequence[Sequence[int]] | None = None) -> DecisionBatch:
+def pack_decisions(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    agent_ids: Sequence[int],
+    advantages: Sequence[float],
+    *,
+    pad_id: int = 0,
+    prompt_len: int | None = None,
+    response_len: int | None = None,
+    pad_to_multiple: int = 1,
+    prefix: Sequence[int] = (),
+    choices: Sequence[Sequence[int]] | None = None,
+) -> DecisionBatch:
     """Packs token lists into a host :class:`DecisionBatch` (logp_old / logp_ref zero until scored).
 
     Args:
@@ -185,16 +199,19 @@ def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
     """
     d = len(prompts)
     if not (len(responses) == len(agent_ids) == len(advantages) == d) or d == 0:
-        raise ValueError(f"need D > 0 equal-length inputs, got {len(prompts)} prompts, "
-                         f"{len(responses)} responses, {len(agent_ids)} agent ids, "
-                         f"{len(advantages)} advantages")
+        raise ValueError(
+            f"need D > 0 equal-length inputs, got {len(prompts)} prompts, "
+            f"{len(responses)} responses, {len(agent_ids)} agent ids, "
+            f"{len(advantages)} advantages"
+        )
     prefix = tuple(int(x) for x in prefix)
     if prefix:
         npre = len(prefix)
         for i, p in enumerate(prompts):
             if len(p) <= npre or tuple(int(x) for x in p[:npre]) != prefix:
-                raise ValueError(f"prompt {i} does not start with the shared prefix of {npre} tokens "
-                                 f"(or has nothing after it)")
+                raise ValueError(
+                    f"prompt {i} does not start with the shared prefix of {npre} tokens (or has nothing after it)"
+                )
         prompts = [p[npre:] for p in prompts]
     if any(len(p) == 0 for p in prompts) or any(len(r) == 0 for r in responses):
         raise ValueError("every prompt and response needs at least one token")
@@ -207,10 +224,10 @@ def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
     attn = np.zeros((rows, tp + tr), bool)
     resp = np.zeros((rows, tp + tr), bool)
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        tokens[i, tp - len(p):tp] = p
-        tokens[i, tp:tp + len(r)] = r
-        attn[i, tp - len(p):tp + len(r)] = True
-        resp[i, tp:tp + len(r)] = True
+        tokens[i, tp - len(p) : tp] = p
+        tokens[i, tp : tp + len(r)] = r
+        attn[i, tp - len(p) : tp + len(r)] = True
+        resp[i, tp : tp + len(r)] = True
     ids = np.zeros((rows,), np.int32)
     ids[:d] = agent_ids
     adv = np.zeros((rows,), np.float32)
@@ -228,17 +245,27 @@ def pack_decisions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
         choice_ids = np.full((rows, width), -1, np.int32)
         for i, (c, r) in enumerate(zip(choices, responses)):
             if int(r[0]) not in [int(x) for x in c]:
-                raise ValueError(f"decision {i}: response token {r[0]} is not among its candidates "
-                                 f"{list(c)}")
-            choice_ids[i, :len(c)] = c
+                raise ValueError(f"decision {i}: response token {r[0]} is not among its candidates {list(c)}")
+            choice_ids[i, : len(c)] = c
         choice_ids[d:, 0] = pad_id  # padding rows: their (pad) response token is the one candidate
-    return DecisionBatch(tokens=tokens, attention_mask=attn, response_mask=resp, agent_ids=ids,
-                         advantages=adv, logp_old=zeros, logp_ref=zeros.copy(), valid=valid,
-                         choice_ids=choice_ids, response_len=tr, prefix=prefix)
+    return DecisionBatch(
+        tokens=tokens,
+        attention_mask=attn,
+        response_mask=resp,
+        agent_ids=ids,
+        advantages=adv,
+        logp_old=zeros,
+        logp_ref=zeros.copy(),
+        valid=valid,
+        choice_ids=choice_ids,
+        response_len=tr,
+        prefix=prefix,
+    )
 
 
-def prefix_cache(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array,
-                 dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def prefix_cache(
+    model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array, dropout_key: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """K/V of the shared prompt prefix, one row per adapter id (-1 = adapters off).
 
     The adapters change the prefix's K/V, so it is computed once per adapter, not once for all; that
@@ -255,8 +282,7 @@ def prefix_cache(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array,
     """
     r = adapter_rows.shape[0]
     ids = jnp.broadcast_to(jnp.asarray(prefix, jnp.int32)[None], (r, len(prefix)))
-    _, cache = model.hidden(ids, agent_ids=adapter_rows, cache_size=len(prefix),
-                            dropout_key=dropout_key)
+    _, cache = model.hidden(ids, agent_ids=adapter_rows, cache_size=len(prefix), dropout_key=dropout_key)
     return cache.k, cache.v
 
 
@@ -268,15 +294,24 @@ def _rows_cache(kv: tuple[jax.Array, jax.Array], rows: jax.Array) -> KVCache:
     """
     k, v = kv
     b, p = rows.shape[0], k.shape[3]
-    return KVCache(k=k[:, rows], v=v[:, rows], valid=jnp.ones((b, p), bool),
-                   next_pos=jnp.full((b,), p, jnp.int32), index=jnp.asarray(p, jnp.int32))
+    return KVCache(
+        k=k[:, rows],
+        v=v[:, rows],
+        valid=jnp.ones((b, p), bool),
+        next_pos=jnp.full((b,), p, jnp.int32),
+        index=jnp.asarray(p, jnp.int32),
+    )
 
 
-def sequence_logprobs(model: Decoder, batch: DecisionBatch, adapter_ids: jax.Array,
-                      dropout_key: jax.Array | None = None,
-                      temperature: float | jax.Array = 1.0,
-                      prefix_kv: tuple[jax.Array, jax.Array] | None = None,
-                      prefix_rows: jax.Array | None = None) -> jax.Array:
+def sequence_logprobs(
+    model: Decoder,
+    batch: DecisionBatch,
+    adapter_ids: jax.Array,
+    dropout_key: jax.Array | None = None,
+    temperature: float | jax.Array = 1.0,
+    prefix_kv: tuple[jax.Array, jax.Array] | None = None,
+    prefix_rows: jax.Array | None = None,
+) -> jax.Array:
     """Summed log-prob of each decision's response tokens, float32[D].
 
     Args:
@@ -303,9 +338,10 @@ def sequence_logprobs(model: Decoder, batch: DecisionBatch, adapter_ids: jax.Arr
         if prefix_kv is None or prefix_rows is None:
             raise ValueError("a batch with a shared prefix needs prefix_kv and prefix_rows")
         cache = _rows_cache(prefix_kv, prefix_rows)
-    h, _ = model.hidden(batch.tokens, attention_mask=batch.attention_mask, agent_ids=adapter_ids,
-                        cache=cache, dropout_key=dropout_key)
-    logits = model.logits(h[:, -tr - 1:-1]) / temperature  # position t predicts token t + 1
+    h, _ = model.hidden(
+        batch.tokens, attention_mask=batch.attention_mask, agent_ids=adapter_ids, cache=cache, dropout_key=dropout_key
+    )
+    logits = model.logits(h[:, -tr - 1 : -1]) / temperature  # position t predicts token t + 1
     target = batch.tokens[:, -tr:]
     picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
     if batch.choice_ids is None:
@@ -367,8 +403,8 @@ def clip_by_agent_global_norm(max_norm: float) -> optax.GradientTransformation:
         clip = norms >= max_norm
         scale = jnp.where(clip, max_norm / jnp.where(clip, norms, 1.0), 1.0)
         updates = jax.tree.map(
-            lambda g: jnp.where(_per_agent(clip, g), g * _per_agent(scale, g).astype(g.dtype), g),
-            updates)
+            lambda g: jnp.where(_per_agent(clip, g), g * _per_agent(scale, g).astype(g.dtype), g), updates
+        )
         return updates, state
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -377,8 +413,13 @@ def clip_by_agent_global_norm(max_norm: float) -> optax.GradientTransformation:
 def make_optimizer(config: magrpo.MAGRPOConfig) -> optax.GradientTransformation:
     """Per-agent clip then AdamW (or SGD) at ``config.learning_rate``, over adapter leaves only."""
     if config.optimizer == "adamw":
-        opt = optax.adamw(config.learning_rate, b1=config.adam_b1, b2=config.adam_b2,
-                          eps=config.adam_eps, weight_decay=config.weight_decay)
+        opt = optax.adamw(
+            config.learning_rate,
+            b1=config.adam_b1,
+            b2=config.adam_b2,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
     else:
         opt = optax.sgd(config.learning_rate)
     if config.max_grad_norm > 0:
@@ -437,8 +478,15 @@ class TrainStep(NamedTuple):
     mesh: Mesh
 
 
-def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: Mesh, *,
-                    num_adapters: int, donate: bool = False, progress: bool = False) -> TrainStep:
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    config: magrpo.MAGRPOConfig,
+    mesh: Mesh,
+    *,
+    num_adapters: int,
+    donate: bool = False,
+    progress: bool = False,
+) -> TrainStep:
     """Builds the jitted, sharded scoring and update functions for one model and configuration.
 
     Args:
@@ -506,13 +554,20 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
             chunk, ids = chunk_and_ids
 
             def run(_):
-                return [sequence_logprobs(model, chunk, a, temperature=config.temperature, prefix_kv=kv,
-                                          prefix_rows=prefix_rows_of(a) if kv is not None else None)
-                        for a in ids]
+                return [
+                    sequence_logprobs(
+                        model,
+                        chunk,
+                        a,
+                        temperature=config.temperature,
+                        prefix_kv=kv,
+                        prefix_rows=prefix_rows_of(a) if kv is not None else None,
+                    )
+                    for a in ids
+                ]
 
             # A micro-batch of padding rows only (a bucketed decision count) costs no forward.
-            out = jax.lax.cond(chunk.valid.any(), run, lambda _: [jnp.zeros(a.shape, jnp.float32) for a in ids],
-                               None)
+            out = jax.lax.cond(chunk.valid.any(), run, lambda _: [jnp.zeros(a.shape, jnp.float32) for a in ids], None)
             tick(out[0][0])
             return out
 
@@ -554,8 +609,14 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
 
         def loss_fn(adapters, kv):
             model = nnx.merge(graphdef, adapters, base)
-            live = sequence_logprobs(model, mb, groups, temperature=config.temperature,
-                                     prefix_kv=kv, prefix_rows=groups if kv is not None else None)
+            live = sequence_logprobs(
+                model,
+                mb,
+                groups,
+                temperature=config.temperature,
+                prefix_kv=kv,
+                prefix_rows=groups if kv is not None else None,
+            )
             # First step of the round: theta == theta_old.
             if old_from_first_step:  # this forward is theta_old's: rho = exp(live - sg(live)) = 1
                 old, lp = jnp.where(first, jax.lax.stop_gradient(live), mb.logp_old), live
@@ -563,13 +624,24 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
                 old = mb.logp_old
                 lp = jnp.where(first, mb.logp_old + (live - jax.lax.stop_gradient(live)), live)
             loss, metrics = magrpo.magrpo_loss(
-                lp, old, mb.logp_ref, mb.advantages, mb.valid, groups, n,
-                clip_eps=config.clip_eps, kl_beta=config.kl_beta,
-                policy_loss=config.policy_loss, kl_estimator=config.kl_estimator, counts=counts)
+                lp,
+                old,
+                mb.logp_ref,
+                mb.advantages,
+                mb.valid,
+                groups,
+                n,
+                clip_eps=config.clip_eps,
+                kl_beta=config.kl_beta,
+                policy_loss=config.policy_loss,
+                kl_estimator=config.kl_estimator,
+                counts=counts,
+            )
             return loss, (metrics, jax.lax.stop_gradient(live))
 
-        (_, (metrics, live)), (grads, kv_grads) = jax.value_and_grad(
-            loss_fn, argnums=(0, 1), has_aux=True)(adapters, kv)
+        (_, (metrics, live)), (grads, kv_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+            adapters, kv
+        )
         return grads, kv_grads, metrics, live
 
     def step(base, adapters, opt_state, mb, first):
@@ -578,8 +650,8 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
         kv, prefix_vjp = None, None
         if mb.prefix:
             kv, prefix_vjp = jax.vjp(
-                lambda ad: prefix_cache(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]),
-                adapters)
+                lambda ad: prefix_cache(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]), adapters
+            )
 
         def skipped(chunk):
             """What a micro-batch of padding rows contributes: nothing (no forward or backward is run)."""
@@ -592,23 +664,23 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
         def acc(carry, chunk):
             g_sum, kv_sum, m_acc = carry
             g, g_kv, m, live = jax.lax.cond(
-                chunk.valid.any(), lambda c: grads_and_metrics(base, adapters, kv, c, first, counts), skipped, chunk)
+                chunk.valid.any(), lambda c: grads_and_metrics(base, adapters, kv, c, first, counts), skipped, chunk
+            )
             tick(m["count"][0])
             g_sum = jax.tree.map(jnp.add, g_sum, g)
             kv_sum = jax.tree.map(jnp.add, kv_sum, g_kv)
-            m_acc = {k: (jnp.minimum if k == "ratio_min" else
-                         jnp.maximum if k == "ratio_max" else jnp.add)(m_acc[k], v)
-                     for k, v in m.items()}
+            m_acc = {
+                k: (jnp.minimum if k == "ratio_min" else jnp.maximum if k == "ratio_max" else jnp.add)(m_acc[k], v)
+                for k, v in m.items()
+            }
             return (g_sum, kv_sum, m_acc), live
 
         big = jnp.finfo(jnp.float32).max
-        m0 = {k: jnp.zeros((n,), jnp.float32) for k in
-              ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "count")}
+        m0 = {k: jnp.zeros((n,), jnp.float32) for k in ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "count")}
         m0["ratio_min"] = jnp.full((n,), big)
         m0["ratio_max"] = jnp.full((n,), -big)
         zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-        (grads, kv_grads, metrics), live = jax.lax.scan(
-            acc, (zeros(adapters), zeros(kv), m0), chunked(mb, micro))
+        (grads, kv_grads, metrics), live = jax.lax.scan(acc, (zeros(adapters), zeros(kv), m0), chunked(mb, micro))
         if prefix_vjp is not None:
             grads = jax.tree.map(jnp.add, grads, prefix_vjp(kv_grads)[0])
         metrics["grad_norm"] = agent_global_norms(grads)
@@ -648,14 +720,24 @@ def make_train_step(graphdef: nnx.GraphDef, config: magrpo.MAGRPOConfig, mesh: M
             return (adapters, opt_state, logp_old), metrics
 
         (adapters, opt_state, _), metrics = jax.lax.scan(
-            body, (adapters, opt_state, batch.logp_old), (jnp.arange(steps), order))
+            body, (adapters, opt_state, batch.logp_old), (jnp.arange(steps), order)
+        )
         return adapters, opt_state, metrics
 
-    update_jit = jax.jit(update, in_shardings=(repl, repl, repl, data, repl),
-                         out_shardings=(repl, repl, repl),
-                         donate_argnums=(1, 2) if donate else ())
-    return TrainStep(optimizer=optimizer, score=score_jit, prepare=prepare, update=update_jit,
-                     adapter_ids=host_adapter_ids, mesh=mesh)
+    update_jit = jax.jit(
+        update,
+        in_shardings=(repl, repl, repl, data, repl),
+        out_shardings=(repl, repl, repl),
+        donate_argnums=(1, 2) if donate else (),
+    )
+    return TrainStep(
+        optimizer=optimizer,
+        score=score_jit,
+        prepare=prepare,
+        update=update_jit,
+        adapter_ids=host_adapter_ids,
+        mesh=mesh,
+    )
 
 
 def init_opt_state(train_step: TrainStep, adapters: nnx.State) -> Any:

@@ -50,8 +50,8 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -146,15 +146,22 @@ class Trainer:
         step: optional prebuilt :class:`jaxopt_marl.train_step.TrainStep` (same model and ``mcfg``).
     """
 
-    def __init__(self, run_dir: Path, roller: Roller, mcfg: magrpo.MAGRPOConfig, tcfg: TrainConfig,
-                 step: ts.TrainStep | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        roller: Roller,
+        mcfg: magrpo.MAGRPOConfig,
+        tcfg: TrainConfig,
+        step: ts.TrainStep | None = None,
+    ):
         self.run_dir, self.roller, self.mcfg, self.tcfg = Path(run_dir), roller, mcfg, tcfg
         self.policy = roller.policy
         self.graphdef, adapters, self.base = split_model(self.policy.model)
         n_adapters = 1 if self.policy.cfg.shared_adapter else roller.n
         # ``step``: reuse compiled functions of an earlier trainer with the same model and config.
-        self.step = step or ts.make_train_step(self.graphdef, mcfg, ts.make_mesh(1), num_adapters=n_adapters,
-                                               progress=tcfg.update_progress)
+        self.step = step or ts.make_train_step(
+            self.graphdef, mcfg, ts.make_mesh(1), num_adapters=n_adapters, progress=tcfg.update_progress
+        )
         self.state = TrainState(adapters=adapters, opt_state=ts.init_opt_state(self.step, adapters), round=0)
         self.manager = ckpt.make_manager(str(self.run_dir / "checkpoints"), max_to_keep=tcfg.keep_checkpoints)
         # Checkpoint rule: the adapters with the highest training-time team return (module docstring).
@@ -195,20 +202,25 @@ class Trainer:
             problem = ckpt.verify(where)
             if problem is None:
                 try:
-                    adapters, opt_state, meta = ckpt.restore(self.manager, self.state.adapters,
-                                                             self.state.opt_state, step)
+                    adapters, opt_state, meta = ckpt.restore(
+                        self.manager, self.state.adapters, self.state.opt_state, step
+                    )
                     restored = step
                     break
                 except Exception as e:  # orbax / TensorStore raise many types on corrupt data
                     problem = f"{where} cannot be read ({ckpt.describe_error(e)})"
             bad.append((step, problem))
             older = [s for s in steps if s < step]
-            warn(f"checkpoint {step} (after round {step - 1}) is corrupt: {problem}; "
-                 + (f"trying checkpoint {older[0]}" if older else "no older checkpoint is left"))
+            warn(
+                f"checkpoint {step} (after round {step - 1}) is corrupt: {problem}; "
+                + (f"trying checkpoint {older[0]}" if older else "no older checkpoint is left")
+            )
         if restored is None:
-            raise ValueError(f"{self.run_dir / 'checkpoints'}: no intact checkpoint to resume from ("
-                             + "; ".join(f"checkpoint {s} is corrupt: {p}" for s, p in bad)
-                             + "); start the run again with --force")
+            raise ValueError(
+                f"{self.run_dir / 'checkpoints'}: no intact checkpoint to resume from ("
+                + "; ".join(f"checkpoint {s} is corrupt: {p}" for s, p in bad)
+                + "); start the run again with --force"
+            )
         if bad:
             aside = self.run_dir / "checkpoints.corrupt"
             aside.mkdir(exist_ok=True)
@@ -218,8 +230,10 @@ class Trainer:
                     shutil.rmtree(dst)
                 shutil.move(str(ckpt.step_dir(self.manager, step)), str(dst))
             self.manager.reload()
-            warn(f"resuming from checkpoint {restored} (after round {restored - 1}): rounds {restored}.."
-                 f"{bad[0][0] - 1} are played again; the corrupt checkpoint(s) were moved to {aside}")
+            warn(
+                f"resuming from checkpoint {restored} (after round {restored - 1}): rounds {restored}.."
+                f"{bad[0][0] - 1} are played again; the corrupt checkpoint(s) were moved to {aside}"
+            )
         self.state = TrainState(adapters=adapters, opt_state=opt_state, round=int(meta.get("round", restored)))
         self.policy.set_adapters(adapters)
         # Metrics of rounds after the checkpoint belong to the interrupted attempt.
@@ -242,8 +256,9 @@ class Trainer:
             meta = dict(meta["meta"])
             return {**meta, "round": int(meta.get("round", step)), "train_return": float(meta["train_return"])}
         except Exception as e:  # orbax raises many types on corrupt data
-            raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible "
-                             f"({ckpt.describe_error(e)})") from e
+            raise ValueError(
+                f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible ({ckpt.describe_error(e)})"
+            ) from e
 
     def _restore_best(self, meta: dict) -> tuple[int, float] | None:
         """The best-so-far after a restore, from ``best/`` checked against the main checkpoint's meta.
@@ -257,18 +272,34 @@ class Trainer:
         disk = self._best_meta()
         if disk is not None and disk["round"] <= self.state.round:
             if meta.get("best_round") is not None and disk["round"] < int(meta["best_round"]):
-                log.warning("%s: holds round %d but the checkpoint says the best round is %s; the best adapters "
-                            "of that round are lost", self.run_dir / "best", disk["round"], meta["best_round"])
+                log.warning(
+                    "%s: holds round %d but the checkpoint says the best round is %s; the best adapters "
+                    "of that round are lost",
+                    self.run_dir / "best",
+                    disk["round"],
+                    meta["best_round"],
+                )
             return disk["round"], disk["train_return"]
         if disk is not None:
-            log.warning("%s: holds round %d, beyond the restored round %d; ignored until it is replayed",
-                        self.run_dir / "best", disk["round"], self.state.round)
+            log.warning(
+                "%s: holds round %d, beyond the restored round %d; ignored until it is replayed",
+                self.run_dir / "best",
+                disk["round"],
+                self.state.round,
+            )
         if meta.get("best_round") is not None:
-            log.warning("%s: missing; the checkpoint's best round %s cannot be evaluated", self.run_dir / "best",
-                        meta["best_round"])
+            log.warning(
+                "%s: missing; the checkpoint's best round %s cannot be evaluated",
+                self.run_dir / "best",
+                meta["best_round"],
+            )
         elif self.state.round > 0:
-            log.warning("%s: no best checkpoint (a run from before the checkpoint rule); the best is chosen "
-                        "among the rounds from %d on", self.run_dir / "best", self.state.round)
+            log.warning(
+                "%s: no best checkpoint (a run from before the checkpoint rule); the best is chosen "
+                "among the rounds from %d on",
+                self.run_dir / "best",
+                self.state.round,
+            )
         return None
 
     def save_best(self, round_idx: int, train_return: float, adapters, opt_state) -> None:
@@ -280,9 +311,18 @@ class Trainer:
         whose step is not newer than its latest."""
         for stale in [s for s in self.best_manager.all_steps() if s >= round_idx]:
             self.best_manager.delete(stale)
-        ckpt.save(self.best_manager, round_idx, adapters, opt_state,
-                  meta={"round": int(round_idx), "train_return": float(train_return), "seed": self.tcfg.seed,
-                        "rule": "highest training-time team return (paper §6.1)"})
+        ckpt.save(
+            self.best_manager,
+            round_idx,
+            adapters,
+            opt_state,
+            meta={
+                "round": int(round_idx),
+                "train_return": float(train_return),
+                "seed": self.tcfg.seed,
+                "rule": "highest training-time team return (paper §6.1)",
+            },
+        )
         self.best = (int(round_idx), float(train_return))
 
     def best_adapters(self) -> tuple[object, int, float] | None:
@@ -306,15 +346,25 @@ class Trainer:
         try:
             adapters, _, meta = ckpt.restore(self.best_manager, template, self.state.opt_state, step)
         except Exception as e:  # orbax raises many types on corrupt data
-            raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible "
-                             f"({ckpt.describe_error(e)})") from e
+            raise ValueError(
+                f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible ({ckpt.describe_error(e)})"
+            ) from e
         return adapters, int(meta.get("round", step)), float(meta["train_return"])
 
     def save(self) -> None:
         best_round, best_return = self.best if self.best is not None else (None, None)
-        ckpt.save(self.manager, self.state.round, self.state.adapters, self.state.opt_state,
-                  meta={"round": self.state.round, "seed": self.tcfg.seed, "best_round": best_round,
-                        "best_return": best_return})
+        ckpt.save(
+            self.manager,
+            self.state.round,
+            self.state.adapters,
+            self.state.opt_state,
+            meta={
+                "round": self.state.round,
+                "seed": self.tcfg.seed,
+                "best_round": best_round,
+                "best_return": best_return,
+            },
+        )
 
     # -- one round --------------------------------------------------------------------------------------
 
@@ -328,8 +378,14 @@ class Trainer:
         if res.device is not None:
             from jaxopt_marl import compiled_rollout
 
-            return compiled_rollout.decision_batch(self.roller, res, adv, row_multiple=multiple,
-                                                   prefix=tuple(self.policy.prefix_ids), width_step=PROMPT_BUCKET)
+            return compiled_rollout.decision_batch(
+                self.roller,
+                res,
+                adv,
+                row_multiple=multiple,
+                prefix=tuple(self.policy.prefix_ids),
+                width_step=PROMPT_BUCKET,
+            )
         prompts = [d.prompt_ids for _, _, d in res.decisions]
         responses = [d.response_ids for _, _, d in res.decisions]
         aids = [a for _, a, _ in res.decisions]
@@ -340,9 +396,18 @@ class Trainer:
         choices = [d.choices for _, _, d in res.decisions]
         choices = None if any(c is None for c in choices) else choices
         tp = -(-max(len(p) - len(prefix) for p in prompts) // PROMPT_BUCKET) * PROMPT_BUCKET
-        return ts.pack_decisions(prompts, responses, aids, advs, pad_id=self.policy.pad_id, prompt_len=tp,
-                                 response_len=self.policy.cfg.response_len, pad_to_multiple=max(multiple, 4),
-                                 prefix=prefix, choices=choices)
+        return ts.pack_decisions(
+            prompts,
+            responses,
+            aids,
+            advs,
+            pad_id=self.policy.pad_id,
+            prompt_len=tp,
+            response_len=self.policy.cfg.response_len,
+            pad_to_multiple=max(multiple, 4),
+            prefix=prefix,
+            choices=choices,
+        )
 
     def run_round(self, progress: bool = False) -> dict:
         """Plays, updates and checkpoints round ``state.round``; returns its metrics line."""
@@ -350,8 +415,9 @@ class Trainer:
         t0 = time.perf_counter()
         k_roll, k_upd = jax.random.split(round_key(self.tcfg.seed, r))
         k = self.mcfg.num_rollouts
-        res = self.roller.collect(train_seeds(self.tcfg.seed, r, k), k_roll, round_idx=r, progress=progress,
-                                  desc=f"round {r} rollouts")
+        res = self.roller.collect(
+            train_seeds(self.tcfg.seed, r, k), k_roll, round_idx=r, progress=progress, desc=f"round {r} rollouts"
+        )
         _write_jsonl(self.run_dir / "decisions" / f"round_{r:04d}.jsonl", res.traces)
         # Checkpoint rule: these rollouts scored the adapters held now, before this round's update.
         ret = float(res.returns.mean())
@@ -369,13 +435,18 @@ class Trainer:
             if progress and self.tcfg.update_progress:
                 from tqdm import tqdm
 
-                bar = tqdm(total=sum(ts.progress_ticks(self.mcfg, batch.num_decisions)), leave=False,
-                           unit="micro-batch", desc=f"round {r} update ({batch.num_decisions} rows: reference "
-                                                    f"scoring, then {self.mcfg.epochs} epoch(s))")
+                bar = tqdm(
+                    total=sum(ts.progress_ticks(self.mcfg, batch.num_decisions)),
+                    leave=False,
+                    unit="micro-batch",
+                    desc=f"round {r} update ({batch.num_decisions} rows: reference "
+                    f"scoring, then {self.mcfg.epochs} epoch(s))",
+                )
             with ts.progress_bar(bar):
                 batch = self.step.prepare(self.base, self.state.adapters, batch)
-                adapters, opt_state, m = jax.block_until_ready(self.step.update(
-                    self.base, self.state.adapters, self.state.opt_state, batch, k_upd))
+                adapters, opt_state, m = jax.block_until_ready(
+                    self.step.update(self.base, self.state.adapters, self.state.opt_state, batch, k_upd)
+                )
                 if bar is not None:
                     jax.effects_barrier()  # every tick delivered before the bar closes
             if bar is not None:
@@ -400,8 +471,7 @@ class Trainer:
             "train/decisions": res.num_decisions,
             "train/parse_fail_rate": res.parse.failure_rate,
             "train/parse": res.parse.as_dict(),
-            "train/outcome_success_rate": (sum(o == "success" for o in outcomes) / len(outcomes)) if outcomes
-            else 0.0,
+            "train/outcome_success_rate": (sum(o == "success" for o in outcomes) / len(outcomes)) if outcomes else 0.0,
             "train/adv_zero": bool(zero),
             "train/updated": bool(updated),
             "train/best_round": self.best[0],
@@ -420,8 +490,9 @@ class Trainer:
             f.write(json.dumps(line) + "\n")
         return line
 
-    def train(self, rounds: int | None = None, progress: bool = False,
-              on_round: Callable[[dict], None] | None = None) -> list[dict]:
+    def train(
+        self, rounds: int | None = None, progress: bool = False, on_round: Callable[[dict], None] | None = None
+    ) -> list[dict]:
         """Runs rounds ``state.round .. rounds - 1`` (default ``tcfg.rounds``); returns their metrics lines."""
         rounds = self.tcfg.rounds if rounds is None else rounds
         lines = []
@@ -433,5 +504,13 @@ class Trainer:
         return lines
 
 
-__all__ = ["PROMPT_BUCKET", "TRAIN_SEED0", "TrainConfig", "TrainState", "Trainer", "read_metrics", "round_key",
-           "train_seeds"]
+__all__ = [
+    "PROMPT_BUCKET",
+    "TRAIN_SEED0",
+    "TrainConfig",
+    "TrainState",
+    "Trainer",
+    "read_metrics",
+    "round_key",
+    "train_seeds",
+]

@@ -22,132 +22,150 @@ ALL_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape and numerics of a decoder-only transformer (Llama / Qwen2 / Qwen3).
+    """Shape and numerics of a decoder-only transformer (Llama / Qwen2 / Qwen3).
 
-  Raises:
-    ValueError: from ``__post_init__`` when the architecture is unsupported or head counts
-      do not divide.
-  """
-
-  # Family name: "llama", "qwen2" or "qwen3"; selects biases and q/k norms by default.
-  architecture: str
-  # Rows of the token embedding (and of the output head).
-  vocab_size: int
-  # Model width d_model.
-  hidden_size: int
-  # Number of decoder blocks.
-  num_layers: int
-  # Query heads.
-  num_heads: int
-  # Key/value heads (grouped-query attention; equal to num_heads for plain multi-head attention).
-  num_kv_heads: int
-  # Per-head width; HF default hidden_size // num_heads (Qwen3 sets it explicitly).
-  head_dim: int
-  # SwiGLU inner width.
-  intermediate_size: int
-  # RoPE base theta (Su et al. 2021; HF ``rope_theta``).
-  rope_theta: float = 10000.0
-  # Epsilon inside RMSNorm (Zhang & Sennrich 2019; HF ``rms_norm_eps``).
-  rms_norm_eps: float = 1e-6
-  # Output head shares the embedding matrix (HF ``tie_word_embeddings``).
-  tie_embeddings: bool = False
-  # Bias on q/k/v projections (Qwen2; HF ``attention_bias`` for Llama).
-  qkv_bias: bool = False
-  # Per-head RMSNorm on queries and keys before RoPE (Qwen3).
-  qk_norm: bool = False
-  # Llama-3 style RoPE frequency scaling (HF ``rope_scaling`` with rope_type "llama3"), or None.
-  rope_scaling: tuple[tuple[str, Any], ...] | None = None
-  # Longest sequence the model was trained for (informational; caches are sized by callers).
-  max_position_embeddings: int = 8192
-
-  def __post_init__(self):
-    if self.architecture not in SUPPORTED_ARCHITECTURES:
-      raise ValueError(
-          f"unsupported architecture {self.architecture!r}; supported: {SUPPORTED_ARCHITECTURES}")
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(
-          f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
-
-  @property
-  def num_groups(self) -> int:
-    """Query heads per key/value head."""
-    return self.num_heads // self.num_kv_heads
-
-  def flops_per_token(self, context: int = 0, head: bool = True) -> float:
-    """Forward FLOPs for one token: 2 per multiply-add in every matmul, plus attention.
-
-    Args:
-      context: keys attended to (adds 4 * num_heads * head_dim * context for QK^T and PV).
-      head: include the output projection to the vocabulary.
-
-    Returns:
-      FLOPs as a float.
+    Raises:
+      ValueError: from ``__post_init__`` when the architecture is unsupported or head counts
+        do not divide.
     """
-    d, h = self.hidden_size, self.head_dim
-    attn_proj = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
-    mlp = 3 * d * self.intermediate_size
-    per_layer = 2 * (attn_proj + mlp) + 4 * self.num_heads * h * context
-    return self.num_layers * per_layer + (2 * d * self.vocab_size if head else 0)
 
-  @classmethod
-  def tiny(cls, architecture: str = "llama", vocab_size: int = 128) -> "ModelConfig":
-    """Two-layer random-weight preset for tests (GQA with 2 groups, Qwen extras by family)."""
-    return cls(
-        architecture=architecture, vocab_size=vocab_size, hidden_size=32, num_layers=2,
-        num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64, rope_theta=10000.0,
-        rms_norm_eps=1e-6, tie_embeddings=architecture != "llama",
-        qkv_bias=architecture == "qwen2", qk_norm=architecture == "qwen3",
-        max_position_embeddings=512)
+    # Family name: "llama", "qwen2" or "qwen3"; selects biases and q/k norms by default.
+    architecture: str
+    # Rows of the token embedding (and of the output head).
+    vocab_size: int
+    # Model width d_model.
+    hidden_size: int
+    # Number of decoder blocks.
+    num_layers: int
+    # Query heads.
+    num_heads: int
+    # Key/value heads (grouped-query attention; equal to num_heads for plain multi-head attention).
+    num_kv_heads: int
+    # Per-head width; HF default hidden_size // num_heads (Qwen3 sets it explicitly).
+    head_dim: int
+    # SwiGLU inner width.
+    intermediate_size: int
+    # RoPE base theta (Su et al. 2021; HF ``rope_theta``).
+    rope_theta: float = 10000.0
+    # Epsilon inside RMSNorm (Zhang & Sennrich 2019; HF ``rms_norm_eps``).
+    rms_norm_eps: float = 1e-6
+    # Output head shares the embedding matrix (HF ``tie_word_embeddings``).
+    tie_embeddings: bool = False
+    # Bias on q/k/v projections (Qwen2; HF ``attention_bias`` for Llama).
+    qkv_bias: bool = False
+    # Per-head RMSNorm on queries and keys before RoPE (Qwen3).
+    qk_norm: bool = False
+    # Llama-3 style RoPE frequency scaling (HF ``rope_scaling`` with rope_type "llama3"), or None.
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    # Longest sequence the model was trained for (informational; caches are sized by callers).
+    max_position_embeddings: int = 8192
 
-  @classmethod
-  def smollm2_135m(cls) -> "ModelConfig":
-    """SmolLM2-135M(-Instruct): HuggingFaceTB/SmolLM2-135M-Instruct config.json."""
-    return cls(
-        architecture="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
-        num_kv_heads=3, head_dim=64, intermediate_size=1536, rope_theta=100000.0,
-        rms_norm_eps=1e-5, tie_embeddings=True, max_position_embeddings=8192)
+    def __post_init__(self):
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {self.architecture!r}; supported: {SUPPORTED_ARCHITECTURES}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    def flops_per_token(self, context: int = 0, head: bool = True) -> float:
+        """Forward FLOPs for one token: 2 per multiply-add in every matmul, plus attention.
+
+        Args:
+          context: keys attended to (adds 4 * num_heads * head_dim * context for QK^T and PV).
+          head: include the output projection to the vocabulary.
+
+        Returns:
+          FLOPs as a float.
+        """
+        d, h = self.hidden_size, self.head_dim
+        attn_proj = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
+        mlp = 3 * d * self.intermediate_size
+        per_layer = 2 * (attn_proj + mlp) + 4 * self.num_heads * h * context
+        return self.num_layers * per_layer + (2 * d * self.vocab_size if head else 0)
+
+    @classmethod
+    def tiny(cls, architecture: str = "llama", vocab_size: int = 128) -> ModelConfig:
+        """Two-layer random-weight preset for tests (GQA with 2 groups, Qwen extras by family)."""
+        return cls(
+            architecture=architecture,
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            intermediate_size=64,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-6,
+            tie_embeddings=architecture != "llama",
+            qkv_bias=architecture == "qwen2",
+            qk_norm=architecture == "qwen3",
+            max_position_embeddings=512,
+        )
+
+    @classmethod
+    def smollm2_135m(cls) -> ModelConfig:
+        """SmolLM2-135M(-Instruct): HuggingFaceTB/SmolLM2-135M-Instruct config.json."""
+        return cls(
+            architecture="llama",
+            vocab_size=49152,
+            hidden_size=576,
+            num_layers=30,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            intermediate_size=1536,
+            rope_theta=100000.0,
+            rms_norm_eps=1e-5,
+            tie_embeddings=True,
+            max_position_embeddings=8192,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class LoRAConfig:
-  """Stacked per-agent LoRA adapters (PEFT ``LoraConfig`` semantics).
+    """Stacked per-agent LoRA adapters (PEFT ``LoraConfig`` semantics).
 
-  The update to a frozen projection W is ``x @ W + (alpha / rank) * dropout(x) @ A_i @ B_i`` for
-  the row's agent i; B starts at zero so a fresh adapter is the reference policy.
+    The update to a frozen projection W is ``x @ W + (alpha / rank) * dropout(x) @ A_i @ B_i`` for
+    the row's agent i; B starts at zero so a fresh adapter is the reference policy.
 
-  Raises:
-    ValueError: from ``__post_init__`` on a non-positive rank or count, a dropout outside [0, 1),
-      or an unknown target name.
-  """
+    Raises:
+      ValueError: from ``__post_init__`` on a non-positive rank or count, a dropout outside [0, 1),
+        or an unknown target name.
+    """
 
-  # Number of private adapters stacked on the agent axis; 1 = the shared-adapter ablation (B).
-  num_adapters: int = 1
-  # Rank r of each adapter (paper: 32 for Cleanup and Harvest, 16 for Overcooked).
-  rank: int = 32
-  # PEFT ``lora_alpha``; the update is scaled by alpha / rank.
-  alpha: float = 64.0
-  # Dropout on the adapter's input (PEFT ``lora_dropout``), active only when a dropout key is given.
-  dropout: float = 0.0
-  # Projections that get adapters, by PEFT module name.
-  targets: tuple[str, ...] = ATTENTION_TARGETS
+    # Number of private adapters stacked on the agent axis; 1 = the shared-adapter ablation (B).
+    num_adapters: int = 1
+    # Rank r of each adapter (paper: 32 for Cleanup and Harvest, 16 for Overcooked).
+    rank: int = 32
+    # PEFT ``lora_alpha``; the update is scaled by alpha / rank.
+    alpha: float = 64.0
+    # Dropout on the adapter's input (PEFT ``lora_dropout``), active only when a dropout key is given.
+    dropout: float = 0.0
+    # Projections that get adapters, by PEFT module name.
+    targets: tuple[str, ...] = ATTENTION_TARGETS
 
-  def __post_init__(self):
-    if self.num_adapters < 1 or self.rank < 1:
-      raise ValueError(f"num_adapters and rank must be >= 1, got {self.num_adapters}, {self.rank}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-    unknown = set(self.targets) - set(ALL_TARGETS)
-    if unknown:
-      raise ValueError(f"unknown LoRA targets {sorted(unknown)}; known: {ALL_TARGETS}")
+    def __post_init__(self):
+        if self.num_adapters < 1 or self.rank < 1:
+            raise ValueError(f"num_adapters and rank must be >= 1, got {self.num_adapters}, {self.rank}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        unknown = set(self.targets) - set(ALL_TARGETS)
+        if unknown:
+            raise ValueError(f"unknown LoRA targets {sorted(unknown)}; known: {ALL_TARGETS}")
 
-  @property
-  def scaling(self) -> float:
-    """PEFT's alpha / rank factor."""
-    return self.alpha / self.rank
+    @property
+    def scaling(self) -> float:
+        """PEFT's alpha / rank factor."""
+        return self.alpha / self.rank
 
-  @classmethod
-  def paper(cls, num_adapters: int, overcooked: bool = False) -> "LoRAConfig":
-    """Paper experimental settings: rank 32 (16 for Overcooked-AI). The paper does not state alpha
-    or targets; alpha = 2 * rank and attention projections are our defaults."""
-    rank = 16 if overcooked else 32
-    return cls(num_adapters=num_adapters, rank=rank, alpha=2.0 * rank)
+    @classmethod
+    def paper(cls, num_adapters: int, overcooked: bool = False) -> LoRAConfig:
+        """Paper experimental settings: rank 32 (16 for Overcooked-AI). The paper does not state alpha
+        or targets; alpha = 2 * rank and attention projections are our defaults."""
+        rank = 16 if overcooked else 32
+        return cls(num_adapters=num_adapters, rank=rank, alpha=2.0 * rank)

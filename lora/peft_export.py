@@ -18,127 +18,156 @@ from flax import nnx
 from lora.config import LoRAConfig, ModelConfig
 from lora.model import Decoder, LoRAParam
 
-_MODULE_PREFIX = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-                  "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+_MODULE_PREFIX = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 
 
 def adapter_tensors(model: Decoder, agent: int) -> dict[str, np.ndarray]:
-  """PEFT-named float32 tensors of adapter ``agent``.
+    """PEFT-named float32 tensors of adapter ``agent``.
 
-  Raises:
-    ValueError: if the model has no adapters or ``agent`` is out of range.
-  """
-  cfg: LoRAConfig | None = model.lora_cfg
-  if cfg is None:
-    raise ValueError("model has no LoRA adapters to export")
-  if not 0 <= agent < cfg.num_adapters:
-    raise ValueError(f"agent {agent} out of range [0, {cfg.num_adapters})")
-  pure = nnx.to_pure_dict(nnx.state(model, LoRAParam))["blocks"]
-  out = {}
-  for module, leaves in pure.items():
-    a = np.asarray(leaves["lora_a"], np.float32)[:, agent]  # [L, in, r]
-    b = np.asarray(leaves["lora_b"], np.float32)[:, agent]  # [L, r, out]
-    for layer in range(a.shape[0]):
-      stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
-      out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
-      out[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
-  return out
+    Raises:
+      ValueError: if the model has no adapters or ``agent`` is out of range.
+    """
+    cfg: LoRAConfig | None = model.lora_cfg
+    if cfg is None:
+        raise ValueError("model has no LoRA adapters to export")
+    if not 0 <= agent < cfg.num_adapters:
+        raise ValueError(f"agent {agent} out of range [0, {cfg.num_adapters})")
+    pure = nnx.to_pure_dict(nnx.state(model, LoRAParam))["blocks"]
+    out = {}
+    for module, leaves in pure.items():
+        a = np.asarray(leaves["lora_a"], np.float32)[:, agent]  # [L, in, r]
+        b = np.asarray(leaves["lora_b"], np.float32)[:, agent]  # [L, r, out]
+        for layer in range(a.shape[0]):
+            stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
+            out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
+            out[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
+    return out
 
 
-def export_peft(model: Decoder, agent: int, directory: str,
-                base_model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct") -> str:
-  """Writes ``adapter_model.safetensors`` and ``adapter_config.json`` for one agent.
+def export_peft(
+    model: Decoder, agent: int, directory: str, base_model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+) -> str:
+    """Writes ``adapter_model.safetensors`` and ``adapter_config.json`` for one agent.
 
-  Returns:
-    The directory written.
-  """
-  from safetensors.numpy import save_file
-  cfg = model.lora_cfg
-  tensors = adapter_tensors(model, agent)
-  os.makedirs(directory, exist_ok=True)
-  save_file(tensors, os.path.join(directory, "adapter_model.safetensors"),
-            metadata={"format": "pt"})
-  config = {
-      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path":
-      base_model_name_or_path, "r": cfg.rank, "lora_alpha": cfg.alpha,
-      "lora_dropout": cfg.dropout, "target_modules": sorted(cfg.targets), "bias": "none",
-      "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False, "use_dora": False,
-      "init_lora_weights": True, "modules_to_save": None}
-  with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-    json.dump(config, f, indent=2)
-  return directory
+    Returns:
+      The directory written.
+    """
+    from safetensors.numpy import save_file
+
+    cfg = model.lora_cfg
+    tensors = adapter_tensors(model, agent)
+    os.makedirs(directory, exist_ok=True)
+    save_file(tensors, os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": cfg.rank,
+        "lora_alpha": cfg.alpha,
+        "lora_dropout": cfg.dropout,
+        "target_modules": sorted(cfg.targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+    }
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return directory
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-  """The HF ``config.json`` dict of ``cfg`` (inverse of :func:`lora.hf_loader.config_from_hf`).
+    """The HF ``config.json`` dict of ``cfg`` (inverse of :func:`lora.hf_loader.config_from_hf`).
 
-  Field names follow transformers ``models/{llama,qwen2,qwen3}/configuration_*.py`` (the legacy
-  top-level ``rope_theta`` / ``rope_scaling`` spelling, which transformers 4.x and 5.x both read).
-  """
-  arch = cfg.architecture
-  config = {
-      "model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "qwen2":
-                                             "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]],
-      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-      "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-      "intermediate_size": cfg.intermediate_size, "hidden_act": "silu",
-      "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
-      "tie_word_embeddings": cfg.tie_embeddings,
-      "max_position_embeddings": cfg.max_position_embeddings, "torch_dtype": "float32"}
-  if arch == "qwen2":
-    if not cfg.qkv_bias:  # transformers' Qwen2Attention always has q/k/v biases
-      raise ValueError("qwen2 without q/k/v biases has no transformers equivalent")
-    config["use_sliding_window"] = False
-  else:
-    config["attention_bias"] = cfg.qkv_bias
-  if arch != "qwen3" and cfg.qk_norm:
-    raise ValueError(f"{arch} with q/k norms has no transformers equivalent")
-  if cfg.rope_scaling is not None:
-    config["rope_scaling"] = dict(cfg.rope_scaling)
-  return config
+    Field names follow transformers ``models/{llama,qwen2,qwen3}/configuration_*.py`` (the legacy
+    top-level ``rope_theta`` / ``rope_scaling`` spelling, which transformers 4.x and 5.x both read).
+    """
+    arch = cfg.architecture
+    config = {
+        "model_type": arch,
+        "architectures": [
+            {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]
+        ],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "silu",
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "torch_dtype": "float32",
+    }
+    if arch == "qwen2":
+        if not cfg.qkv_bias:  # transformers' Qwen2Attention always has q/k/v biases
+            raise ValueError("qwen2 without q/k/v biases has no transformers equivalent")
+        config["use_sliding_window"] = False
+    else:
+        config["attention_bias"] = cfg.qkv_bias
+    if arch != "qwen3" and cfg.qk_norm:
+        raise ValueError(f"{arch} with q/k norms has no transformers equivalent")
+    if cfg.rope_scaling is not None:
+        config["rope_scaling"] = dict(cfg.rope_scaling)
+    return config
 
 
 def export_hf_base(model: Decoder, directory: str) -> str:
-  """Writes the frozen base as an HF checkpoint directory (``model.safetensors`` + ``config.json``,
-  float32, no tokenizer) that ``transformers.AutoModelForCausalLM.from_pretrained`` and
-  :func:`lora.load_model` read; the base a PEFT adapter from :func:`export_peft` applies to.
+    """Writes the frozen base as an HF checkpoint directory (``model.safetensors`` + ``config.json``,
+    float32, no tokenizer) that ``transformers.AutoModelForCausalLM.from_pretrained`` and
+    :func:`lora.load_model` read; the base a PEFT adapter from :func:`export_peft` applies to.
 
-  Returns:
-    The directory written.
-  """
-  from safetensors.numpy import save_file
-  from lora.params import export_hf_weights
-  os.makedirs(directory, exist_ok=True)
-  save_file(export_hf_weights(model), os.path.join(directory, "model.safetensors"),
-            metadata={"format": "pt"})
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(hf_config(model.cfg), f, indent=2)
-  return directory
+    Returns:
+      The directory written.
+    """
+    from safetensors.numpy import save_file
+
+    from lora.params import export_hf_weights
+
+    os.makedirs(directory, exist_ok=True)
+    save_file(export_hf_weights(model), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config(model.cfg), f, indent=2)
+    return directory
 
 
 def load_peft(model: Decoder, agent: int, directory: str) -> None:
-  """Reads a PEFT adapter (as written by :func:`export_peft`) into slot ``agent`` of ``model``.
+    """Reads a PEFT adapter (as written by :func:`export_peft`) into slot ``agent`` of ``model``.
 
-  Raises:
-    ValueError: on a rank/target mismatch or missing tensor (naming the file).
-  """
-  from safetensors.numpy import load_file
-  path = os.path.join(directory, "adapter_model.safetensors")
-  tensors = load_file(path)
-  state = nnx.state(model, LoRAParam)
-  pure = nnx.to_pure_dict(state)
-  for module, leaves in pure["blocks"].items():
-    a, b = np.array(leaves["lora_a"]), np.array(leaves["lora_b"])
-    for layer in range(a.shape[0]):
-      stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
-      try:
-        a[layer, agent] = tensors[f"{stem}.lora_A.weight"].T
-        b[layer, agent] = tensors[f"{stem}.lora_B.weight"].T
-      except KeyError as exc:
-        raise ValueError(f"{path}: missing {exc.args[0]}") from exc
-      except ValueError as exc:
-        raise ValueError(f"{path}: {stem}: {exc}") from exc
-    leaves["lora_a"], leaves["lora_b"] = a, b
-  nnx.replace_by_pure_dict(state, pure)
-  nnx.update(model, state)
+    Raises:
+      ValueError: on a rank/target mismatch or missing tensor (naming the file).
+    """
+    from safetensors.numpy import load_file
+
+    path = os.path.join(directory, "adapter_model.safetensors")
+    tensors = load_file(path)
+    state = nnx.state(model, LoRAParam)
+    pure = nnx.to_pure_dict(state)
+    for module, leaves in pure["blocks"].items():
+        a, b = np.array(leaves["lora_a"]), np.array(leaves["lora_b"])
+        for layer in range(a.shape[0]):
+            stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
+            try:
+                a[layer, agent] = tensors[f"{stem}.lora_A.weight"].T
+                b[layer, agent] = tensors[f"{stem}.lora_B.weight"].T
+            except KeyError as exc:
+                raise ValueError(f"{path}: missing {exc.args[0]}") from exc
+            except ValueError as exc:
+                raise ValueError(f"{path}: {stem}: {exc}") from exc
+        leaves["lora_a"], leaves["lora_b"] = a, b
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)

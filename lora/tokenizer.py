@@ -16,120 +16,133 @@ from transformers import PreTrainedTokenizerFast
 log = logging.getLogger(__name__)
 
 # GPT-2 / Llama-3 / Qwen2 split regexes (llama.cpp llama-vocab.cpp; HF tokenizer.json "Split").
-_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-                 r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
-                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # GGUF token_type values (gguf.TokenType): 3 = CONTROL, 4 = USER_DEFINED.
 _CONTROL, _USER_DEFINED = 3, 4
 
 
 def _pre_tokenizer(pre: str):
-  """Byte-level pre-tokenizer for a ``tokenizer.ggml.pre`` name."""
-  if pre in ("smollm", "starcoder", "refact", "codeshell"):
-    # SmolLM2 tokenizer.json: Digits(individual_digits) then ByteLevel(use_regex=True).
-    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                    pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                             use_regex=True)])
-  if pre in ("llama-bpe", "llama3"):
-    regex = _LLAMA3_REGEX
-  elif pre in ("qwen2", "deepseek-r1-qwen"):
-    regex = _QWEN2_REGEX
-  else:
-    if pre not in ("gpt-2", "gpt2", "default"):
-      log.warning("unknown tokenizer.ggml.pre %r; using the GPT-2 byte-level regex", pre)
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-  return pre_tokenizers.Sequence([
-      pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    """Byte-level pre-tokenizer for a ``tokenizer.ggml.pre`` name."""
+    if pre in ("smollm", "starcoder", "refact", "codeshell"):
+        # SmolLM2 tokenizer.json: Digits(individual_digits) then ByteLevel(use_regex=True).
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    if pre in ("llama-bpe", "llama3"):
+        regex = _LLAMA3_REGEX
+    elif pre in ("qwen2", "deepseek-r1-qwen"):
+        regex = _QWEN2_REGEX
+    else:
+        if pre not in ("gpt-2", "gpt2", "default"):
+            log.warning("unknown tokenizer.ggml.pre %r; using the GPT-2 byte-level regex", pre)
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def tokenizer_from_gguf_fields(fields: dict, source: str) -> PreTrainedTokenizerFast:
-  """Builds a byte-level BPE tokenizer from GGUF tokenizer metadata.
+    """Builds a byte-level BPE tokenizer from GGUF tokenizer metadata.
 
-  Args:
-    fields: GGUF key -> decoded value (``tokenizer.ggml.*``, ``tokenizer.chat_template``).
-    source: the GGUF path, for error messages.
+    Args:
+      fields: GGUF key -> decoded value (``tokenizer.ggml.*``, ``tokenizer.chat_template``).
+      source: the GGUF path, for error messages.
 
-  Returns:
-    A ``PreTrainedTokenizerFast`` with bos/eos/pad/unk tokens and the chat template set.
+    Returns:
+      A ``PreTrainedTokenizerFast`` with bos/eos/pad/unk tokens and the chat template set.
 
-  Raises:
-    ValueError: if the tokenizer model is not "gpt2" (byte-level BPE) or metadata is missing.
-  """
-  kind = fields.get("tokenizer.ggml.model")
-  if kind != "gpt2":
-    raise ValueError(f"{source}: tokenizer.ggml.model={kind!r} is not supported "
-                     "(only byte-level BPE, 'gpt2')")
-  tokens = fields.get("tokenizer.ggml.tokens")
-  merges = fields.get("tokenizer.ggml.merges") or []
-  if not tokens:
-    raise ValueError(f"{source}: GGUF metadata lacks tokenizer.ggml.tokens")
-  vocab = {tok: i for i, tok in enumerate(tokens)}
-  merge_pairs = [tuple(m.split(" ", 1)) for m in merges]
-  tok = Tokenizer(models.BPE(vocab=vocab, merges=merge_pairs, fuse_unk=False,
-                             ignore_merges=False))
-  tok.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
-  tok.decoder = decoders.ByteLevel()
-  types = fields.get("tokenizer.ggml.token_type") or []
-  special = [tokens[i] for i, t in enumerate(types) if t == _CONTROL]
-  user = [tokens[i] for i, t in enumerate(types) if t == _USER_DEFINED]
-  from tokenizers import AddedToken
-  tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-  if user:
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    Raises:
+      ValueError: if the tokenizer model is not "gpt2" (byte-level BPE) or metadata is missing.
+    """
+    kind = fields.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"{source}: tokenizer.ggml.model={kind!r} is not supported (only byte-level BPE, 'gpt2')")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    merges = fields.get("tokenizer.ggml.merges") or []
+    if not tokens:
+        raise ValueError(f"{source}: GGUF metadata lacks tokenizer.ggml.tokens")
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merge_pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merge_pairs, fuse_unk=False, ignore_merges=False))
+    tok.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+    tok.decoder = decoders.ByteLevel()
+    types = fields.get("tokenizer.ggml.token_type") or []
+    special = [tokens[i] for i, t in enumerate(types) if t == _CONTROL]
+    user = [tokens[i] for i, t in enumerate(types) if t == _USER_DEFINED]
+    from tokenizers import AddedToken
 
-  def name(key):
-    idx = fields.get(f"tokenizer.ggml.{key}_token_id")
-    return tokens[idx] if idx is not None and 0 <= idx < len(tokens) else None
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    if user:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
 
-  fast = PreTrainedTokenizerFast(
-      tokenizer_object=tok, bos_token=name("bos"), eos_token=name("eos"), unk_token=name("unknown"),
-      pad_token=name("padding") or name("eos"), clean_up_tokenization_spaces=False)
-  fast.chat_template = fields.get("tokenizer.chat_template")
-  fast.init_kwargs["add_bos_token"] = bool(fields.get("tokenizer.ggml.add_bos_token", False))
-  return fast
+    def name(key):
+        idx = fields.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[idx] if idx is not None and 0 <= idx < len(tokens) else None
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=name("bos"),
+        eos_token=name("eos"),
+        unk_token=name("unknown"),
+        pad_token=name("padding") or name("eos"),
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = fields.get("tokenizer.chat_template")
+    fast.init_kwargs["add_bos_token"] = bool(fields.get("tokenizer.ggml.add_bos_token", False))
+    return fast
 
 
-def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True
-                ) -> str:
-  """Renders messages with the tokenizer's chat template.
+def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """Renders messages with the tokenizer's chat template.
 
-  Uses ``apply_chat_template`` (needs jinja2). Without jinja2, ChatML templates (``<|im_start|>``,
-  SmolLM2 and Qwen) are rendered directly, including SmolLM2's default system message.
+    Uses ``apply_chat_template`` (needs jinja2). Without jinja2, ChatML templates (``<|im_start|>``,
+    SmolLM2 and Qwen) are rendered directly, including SmolLM2's default system message.
 
-  Raises:
-    ValueError: if there is no template, or jinja2 is missing and the template is not ChatML.
-  """
-  template = getattr(tokenizer, "chat_template", None)
-  if not template:
-    raise ValueError("tokenizer has no chat template")
-  try:
-    import jinja2  # noqa: F401
-  except ImportError:
-    if "<|im_start|>" not in template:
-      raise ValueError("jinja2 is not installed and the chat template is not ChatML") from None
-    parts = []
-    if messages and messages[0]["role"] != "system" and "You are a helpful AI assistant" in template:
-      default = template.split("<|im_start|>system\n", 1)[1].split("<|im_end|>", 1)[0]
-      parts.append(f"<|im_start|>system\n{default}<|im_end|>\n")
-    for m in messages:
-      parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
-    if add_generation_prompt:
-      parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
-  return tokenizer.apply_chat_template(messages, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt)
+    Raises:
+      ValueError: if there is no template, or jinja2 is missing and the template is not ChatML.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ValueError("tokenizer has no chat template")
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        if "<|im_start|>" not in template:
+            raise ValueError("jinja2 is not installed and the chat template is not ChatML") from None
+        parts = []
+        if messages and messages[0]["role"] != "system" and "You are a helpful AI assistant" in template:
+            default = template.split("<|im_start|>system\n", 1)[1].split("<|im_end|>", 1)[0]
+            parts.append(f"<|im_start|>system\n{default}<|im_end|>\n")
+        for m in messages:
+            parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+        if add_generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+        return "".join(parts)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
 def load_tokenizer_json(directory: str) -> PreTrainedTokenizerFast:
-  """Loads ``tokenizer.json`` (+ ``tokenizer_config.json``) from a local directory, offline.
+    """Loads ``tokenizer.json`` (+ ``tokenizer_config.json``) from a local directory, offline.
 
-  Raises:
-    FileNotFoundError: if ``tokenizer.json`` is absent.
-  """
-  import os
-  path = os.path.join(directory, "tokenizer.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: tokenizer.json not found")
-  return PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
+    Raises:
+      FileNotFoundError: if ``tokenizer.json`` is absent.
+    """
+    import os
+
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: tokenizer.json not found")
+    return PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)

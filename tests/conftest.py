@@ -31,8 +31,9 @@ SMOKE_COMMANDS = {
 def run_cli(*args, timeout=900):
     """``python -m <args>`` from the repository root; the CompletedProcess (text stdout and stderr)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")
@@ -56,4 +57,3 @@ def smoke_runs(tmp_path_factory):
 def smoke_run(smoke_runs):
     """The Overcooked Asymmetric Advantages smoke run: ``(run_dir, stdout)``."""
     return smoke_runs("overcooked_aa")
-

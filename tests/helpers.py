@@ -39,9 +39,18 @@ def tiny_compiled_roller(game, steps, policy_cfg, batch=2):
     env = envs_jax.make(game, max_steps=steps)
     lib = options.get_library(game, env)
     model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=2, rank=2, alpha=4.0))
-    return compiled_rollout.CompiledRoller(game, env, lib, guards.compile_guards([], lib.vocab), model, tok,
-                                           policy_cfg, menu_seed=0, batch=batch,
-                                           chunks=compiled_rollout.ChunkConfig.single(batch * lib.num_agents))
+    return compiled_rollout.CompiledRoller(
+        game,
+        env,
+        lib,
+        guards.compile_guards([], lib.vocab),
+        model,
+        tok,
+        policy_cfg,
+        menu_seed=0,
+        batch=batch,
+        chunks=compiled_rollout.ChunkConfig.single(batch * lib.num_agents),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

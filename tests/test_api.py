@@ -30,7 +30,8 @@ def test_reset_step_jit_vmap_world_stats_render(game):
     assert set(obs) >= set(env.agents)
     actions = {a: jnp.zeros((n_envs,), jnp.int32) for a in env.agents}
     obs, state, rew, dones, _ = jax.jit(jax.vmap(env.step))(
-        jax.random.split(jax.random.PRNGKey(1), n_envs), state, actions)
+        jax.random.split(jax.random.PRNGKey(1), n_envs), state, actions
+    )
     for a in env.agents:
         assert rew[a].shape == (n_envs,)
         assert obs[a].shape[0] == n_envs

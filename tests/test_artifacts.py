@@ -11,8 +11,14 @@ from jaxopt_marl import artifacts as A
 
 def _traj(e=2, t=3, n=2, apples=None):
     pos = np.arange(e * t * n * 2, dtype=np.int32).reshape(e, t, n, 2) % 4
-    return A.PolicyTrajectories(positions=pos, rewards=np.ones((e, t, n)), alive=np.ones((e, t, n), bool),
-                                options=np.zeros((e, t, n), np.int64), actions=np.full((e, t, n), 4), apples=apples)
+    return A.PolicyTrajectories(
+        positions=pos,
+        rewards=np.ones((e, t, n)),
+        alive=np.ones((e, t, n), bool),
+        options=np.zeros((e, t, n), np.int64),
+        actions=np.full((e, t, n), 4),
+        apples=apples,
+    )
 
 
 def test_eval_trajectories_round_trip(tmp_path):
@@ -24,12 +30,29 @@ def test_eval_trajectories_round_trip(tmp_path):
     pid[2, 2] = 0
     apples = np.zeros((2, 3, 4, 5), bool)
     apples[1, 2, 2, 2] = True
-    rec = A.EvalTrajectories(seeds=[10000, 10001], option_names=("eat_apple", "wait"), walls=walls, terrain=terrain,
-                             patch_id=pid, trained=_traj(apples=apples), base=_traj())
+    rec = A.EvalTrajectories(
+        seeds=[10000, 10001],
+        option_names=("eat_apple", "wait"),
+        walls=walls,
+        terrain=terrain,
+        patch_id=pid,
+        trained=_traj(apples=apples),
+        base=_traj(),
+    )
     path = rec.save(tmp_path / "eval_traj.npz")
     with np.load(path) as z:  # the file layout: trained unprefixed, base_ prefixed, the map beside them
-        assert {"seeds", "option_names", "walls", "terrain", "patch_id", "positions", "options", "apples",
-                "base_positions", "base_options"} <= set(z.files) and "base_apples" not in z.files
+        assert {
+            "seeds",
+            "option_names",
+            "walls",
+            "terrain",
+            "patch_id",
+            "positions",
+            "options",
+            "apples",
+            "base_positions",
+            "base_options",
+        } <= set(z.files) and "base_apples" not in z.files
     back = A.EvalTrajectories.load(path)
     assert back.option_names == ("eat_apple", "wait") and back.idle_option_ids == [1]
     assert back.trained.options.dtype == np.int32 and back.trained.rewards.dtype == np.float32
@@ -43,8 +66,13 @@ def test_eval_trajectories_round_trip(tmp_path):
 def test_eval_trajectories_errors(tmp_path):
     walls = np.zeros((4, 5), bool)
     with pytest.raises(A.ArtifactError, match=r"rewards must have shape \[E, T, N\]"):
-        A.PolicyTrajectories(positions=np.zeros((2, 3, 2, 2)), rewards=np.zeros((2, 3)), alive=np.ones((2, 3, 2)),
-                             options=np.zeros((2, 3, 2)), actions=np.zeros((2, 3, 2)))
+        A.PolicyTrajectories(
+            positions=np.zeros((2, 3, 2, 2)),
+            rewards=np.zeros((2, 3)),
+            alive=np.ones((2, 3, 2)),
+            options=np.zeros((2, 3, 2)),
+            actions=np.zeros((2, 3, 2)),
+        )
     with pytest.raises(A.ArtifactError, match=r"trained: 2 episode\(s\) for 1 seed\(s\)"):
         A.EvalTrajectories(seeds=[1], option_names=("a",), walls=walls, terrain=walls, trained=_traj())
     with pytest.raises(A.ArtifactError, match="option id 0 out of range of 0"):
@@ -60,12 +88,17 @@ def test_eval_trajectories_errors(tmp_path):
 
 
 def test_eval_record_round_trip(tmp_path):
-    t = A.EvalBlock("trained", [10000, 10001], [{"seed": 10000, "team_return": 3.0, "agent_apples": [3, 0],
-                                                 "sustainability": float("nan")},
-                                                {"seed": 10001, "team_return": 5.0, "agent_apples": [4, 1],
-                                                 "sustainability": 2.0}])
-    rec = A.EvalRecord(game="cleanup", seeds=[10000, 10001], trained=t, base=None, checkpoint_round=1,
-                       stats={"trained": {"n": 2}})
+    t = A.EvalBlock(
+        "trained",
+        [10000, 10001],
+        [
+            {"seed": 10000, "team_return": 3.0, "agent_apples": [3, 0], "sustainability": float("nan")},
+            {"seed": 10001, "team_return": 5.0, "agent_apples": [4, 1], "sustainability": 2.0},
+        ],
+    )
+    rec = A.EvalRecord(
+        game="cleanup", seeds=[10000, 10001], trained=t, base=None, checkpoint_round=1, stats={"trained": {"n": 2}}
+    )
     d = json.loads(rec.save(tmp_path / "eval.json").read_text())
     assert d["episodes"] == d["trained"]["episodes"] and d["base"] is None  # the earlier layout's alias
     assert d["trained"]["episodes"][0]["sustainability"] is None  # NaN is written as null
@@ -81,13 +114,21 @@ def test_eval_record_round_trip(tmp_path):
 
 
 def test_solo_record_round_trip(tmp_path):
-    rec = A.SoloRecord(seeds=(10000, 10001), units="apples", team_return=[[1, 2], [0, 0]],
-                       own_return=[[1, 2], [0, np.nan]], full_team=[3, 4], verdict="not_informative",
-                       extra={"game": "cleanup"})
+    rec = A.SoloRecord(
+        seeds=(10000, 10001),
+        units="apples",
+        team_return=[[1, 2], [0, 0]],
+        own_return=[[1, 2], [0, np.nan]],
+        full_team=[3, 4],
+        verdict="not_informative",
+        extra={"game": "cleanup"},
+    )
     d = json.loads(rec.save(tmp_path / "solo.json").read_text())
-    assert d["agents"][1]["own_return"] == [0.0, None] and d["agents"][0]["solo_team"] == {"mean": 1.5,
-                                                                                            "std": pytest.approx(
-                                                                                                0.5 ** 0.5), "n": 2}
+    assert d["agents"][1]["own_return"] == [0.0, None] and d["agents"][0]["solo_team"] == {
+        "mean": 1.5,
+        "std": pytest.approx(0.5**0.5),
+        "n": 2,
+    }
     assert d["full_team"]["returns"] == [3.0, 4.0] and d["game"] == "cleanup"
     back = A.SoloRecord.load(tmp_path / "solo.json")
     np.testing.assert_array_equal(back.own_return, [[1, 2], [0, np.nan]])
@@ -99,8 +140,16 @@ def test_solo_record_round_trip(tmp_path):
 
 
 def test_decision_traces(tmp_path):
-    rows = [{"aid": 0, "option": "wait", "response": "state: x\nchoice: C", "response_source": "template",
-             "prompt_ids": [1, 2]}, {"aid": 1, "option": "eat_apple", "outcome": "success"}]
+    rows = [
+        {
+            "aid": 0,
+            "option": "wait",
+            "response": "state: x\nchoice: C",
+            "response_source": "template",
+            "prompt_ids": [1, 2],
+        },
+        {"aid": 1, "option": "eat_apple", "outcome": "success"},
+    ]
     path = A.save_traces(tmp_path / "d.jsonl", rows)
     with open(path, "a") as fh:
         fh.write("{truncated\n\n" + json.dumps({"option": "wait"}) + "\n")  # two malformed lines, one blank

@@ -14,8 +14,12 @@ def _rec(aid, opt, outcome="success", parse_fail=None, seed=0, rollout=0):
 
 def _cleanup_decisions():
     # agent 0: 3 x clean_dirt, 1 x eat_apple; agent 1: 4 x eat_apple; agent 2: 2 x wait
-    return ([_rec(0, "clean_dirt")] * 3 + [_rec(0, "eat_apple", "effect_fail")] + [_rec(1, "eat_apple")] * 4
-            + [_rec(2, "wait", parse_fail="no_letter"), _rec(2, "wait")])
+    return (
+        [_rec(0, "clean_dirt")] * 3
+        + [_rec(0, "eat_apple", "effect_fail")]
+        + [_rec(1, "eat_apple")] * 4
+        + [_rec(2, "wait", parse_fail="no_letter"), _rec(2, "wait")]
+    )
 
 
 def test_option_histogram_counts_per_agent():
@@ -23,8 +27,9 @@ def test_option_histogram_counts_per_agent():
     assert names == ("clean_dirt", "eat_apple", "wait")
     np.testing.assert_array_equal(counts, [[3, 1, 0], [0, 4, 0], [0, 0, 2]])
     # fixed column order, an agent with no decisions, a missing opt
-    names, counts = audit.option_histogram([_rec(1, "wait"), _rec(1, None)], num_agents=3,
-                                           option_names=["wait", "eat_apple"])
+    names, counts = audit.option_histogram(
+        [_rec(1, "wait"), _rec(1, None)], num_agents=3, option_names=["wait", "eat_apple"]
+    )
     assert names == ("wait", "eat_apple", audit.NO_OPTION)
     np.testing.assert_array_equal(counts, [[0, 0, 0], [1, 0, 1], [0, 0, 0]])
 
@@ -75,8 +80,7 @@ def test_specialisation_index_limits_and_hand_value():
 
 
 def test_option_entropy_bits():
-    np.testing.assert_allclose(audit.option_entropy([[1, 1, 0], [4, 0, 0], [0, 0, 0], [1, 1, 2]]),
-                               [1.0, 0.0, 0.0, 1.5])
+    np.testing.assert_allclose(audit.option_entropy([[1, 1, 0], [4, 0, 0], [0, 0, 0], [1, 1, 2]]), [1.0, 0.0, 0.0, 1.5])
 
 
 def test_stationary_fraction_counts_non_moves():
@@ -115,15 +119,21 @@ def test_per_agent_returns_and_apples():
 
 
 def test_successes_per_agent_counts_deliveries():
-    recs = [_rec(0, "deliver"), _rec(0, "deliver", "effect_fail"), _rec(1, "deliver"), _rec(1, "deliver"),
-            _rec(1, "pick_onion")]
+    recs = [
+        _rec(0, "deliver"),
+        _rec(0, "deliver", "effect_fail"),
+        _rec(1, "deliver"),
+        _rec(1, "deliver"),
+        _rec(1, "pick_onion"),
+    ]
     np.testing.assert_array_equal(audit.successes_per_agent(recs, num_agents=3), [1, 2, 0])
 
 
 def test_visit_heatmap_counts():
     # E = 2, T = 2, N = 2 on a 3 x 4 map
-    pos = np.array([[[[0, 0], [2, 3]], [[0, 1], [2, 3]]],
-                    [[[0, 0], [1, 1]], [[0, 0], [9, 9]]]])  # (9, 9) is off the map and dropped
+    pos = np.array(
+        [[[[0, 0], [2, 3]], [[0, 1], [2, 3]]], [[[0, 0], [1, 1]], [[0, 0], [9, 9]]]]
+    )  # (9, 9) is off the map and dropped
     heat = audit.visit_heatmap(pos, (3, 4))
     assert heat.shape == (2, 3, 4)
     assert heat[0, 0, 0] == 3 and heat[0, 0, 1] == 1 and heat[0].sum() == 4
@@ -135,8 +145,7 @@ def test_visit_heatmap_counts():
 
 
 def test_patches_alive_and_extinction():
-    pid = np.array([[0, 0, -1, 1],
-                    [-1, -1, -1, 1]])
+    pid = np.array([[0, 0, -1, 1], [-1, -1, -1, 1]])
     apples = np.zeros((1, 3, 2, 4), bool)  # [E, T, H, W]
     apples[0, 0, 0, 1] = True  # patch 0 alive at t = 0 only
     apples[0, :, 1, 3] = True  # patch 1 alive throughout
@@ -183,8 +192,7 @@ def test_solo_test_batched_one_call_per_agent_and_reused_full_team():
     assert res.verdict() == "solo_solvable"
     d = res.as_dict("deliveries")
     assert d["seeds"] == [11, 13, 14] and d["units"] == "deliveries" and d["verdict"] == "solo_solvable"
-    assert d["agents"][0]["solo_team"] == {"mean": pytest.approx(8 / 3), "std": pytest.approx(math.sqrt(7 / 3)),
-                                           "n": 3}
+    assert d["agents"][0]["solo_team"] == {"mean": pytest.approx(8 / 3), "std": pytest.approx(math.sqrt(7 / 3)), "n": 3}
     assert d["agents"][1]["own_return"] == [0.0, 0.0, 0.0] and d["full_team"]["mean"] == 6.0
     # Without full_team the full team runs once, batched too; the same answer as the per-episode form.
     calls.clear()
@@ -194,8 +202,13 @@ def test_solo_test_batched_one_call_per_agent_and_reused_full_team():
     for f in ("team_return", "agent_return", "full_team"):
         np.testing.assert_allclose(getattr(full, f), getattr(per_ep, f))
     # A team return that is not the sum over agents (Overcooked: a delivery rewards both agents), per-step rewards.
-    shared = audit.solo_test(lambda a, ss: {"team": np.ones(len(ss)), "agent": np.ones((len(ss), 4, 2)) * a},
-                             2, [0, 1], batched=True, include_full_team=False)
+    shared = audit.solo_test(
+        lambda a, ss: {"team": np.ones(len(ss)), "agent": np.ones((len(ss), 4, 2)) * a},
+        2,
+        [0, 1],
+        batched=True,
+        include_full_team=False,
+    )
     np.testing.assert_allclose(shared.team_return, [[1, 1], [1, 1]])
     np.testing.assert_allclose(shared.agent_return, [[4, 4], [4, 4]])
     assert np.isnan(shared.full_team).all() and shared.as_dict()["full_team"]["mean"] is None
@@ -223,28 +236,46 @@ def test_solo_verdict_reads_the_paper_way():
 
 def test_handoffs_follow_items_across_counters():
     def rec(aid, opt, step, target, outcome="success", seed=1):
-        return {"aid": aid, "option": opt, "step": step, "target": target, "outcome": outcome, "seed": seed,
-                "rollout": 0, "round": -1}
+        return {
+            "aid": aid,
+            "option": opt,
+            "step": step,
+            "target": target,
+            "outcome": outcome,
+            "seed": seed,
+            "rollout": 0,
+            "round": -1,
+        }
 
-    recs = [rec(0, "drop_held", 3, [2, 1]), rec(1, "pick_from_counter", 9, [2, 1]),  # a0 -> a1
-            rec(0, "drop_held", 12, [2, 1]), rec(0, "pick_from_counter", 20, [2, 1]),  # a0 takes its own back
-            rec(1, "pick_from_counter", 25, [4, 1]),  # an item nobody dropped: not counted
-            rec(1, "drop_held", 30, [4, 1], outcome="effect_fail"), rec(0, "pick_from_counter", 31, [4, 1]),
-            rec(1, "drop_held", 40, [5, 1]), rec(0, "pick_from_counter", 44, [5, 1]),  # a1 -> a0
-            rec(1, "drop_held", 3, [2, 1], seed=2), rec(0, "pick_from_counter", 3, [2, 1], seed=2)]  # same step
+    recs = [
+        rec(0, "drop_held", 3, [2, 1]),
+        rec(1, "pick_from_counter", 9, [2, 1]),  # a0 -> a1
+        rec(0, "drop_held", 12, [2, 1]),
+        rec(0, "pick_from_counter", 20, [2, 1]),  # a0 takes its own back
+        rec(1, "pick_from_counter", 25, [4, 1]),  # an item nobody dropped: not counted
+        rec(1, "drop_held", 30, [4, 1], outcome="effect_fail"),
+        rec(0, "pick_from_counter", 31, [4, 1]),
+        rec(1, "drop_held", 40, [5, 1]),
+        rec(0, "pick_from_counter", 44, [5, 1]),  # a1 -> a0
+        rec(1, "drop_held", 3, [2, 1], seed=2),
+        rec(0, "pick_from_counter", 3, [2, 1], seed=2),
+    ]  # same step
     np.testing.assert_array_equal(audit.handoffs(recs, 2), [[1, 1], [1, 0]])
     assert audit.handoffs([], 2).tolist() == [[0, 0], [0, 0]]
 
 
 def test_rollout_trace_spelling():
     # jaxopt_marl.rollout writes ``option`` and a bool ``parse_fail``
-    recs = [{"aid": 0, "option": "deliver", "outcome": "success", "parse_fail": False},
-            {"aid": 1, "option": "wait", "outcome": "running", "parse_fail": True}]
+    recs = [
+        {"aid": 0, "option": "deliver", "outcome": "success", "parse_fail": False},
+        {"aid": 1, "option": "wait", "outcome": "running", "parse_fail": True},
+    ]
     names, counts = audit.option_histogram(recs, 2)
     assert names == ("deliver", "wait") and counts.tolist() == [[1, 0], [0, 1]]
     np.testing.assert_allclose(audit.parse_fail_rate(recs, 2), [0.0, 1.0])
     assert audit.successes_per_agent(recs, num_agents=2).tolist() == [1, 0]
     assert list(audit.outcome_table(recs)) == ["deliver", "wait"]
+
 
 def test_decision_trace_audits():
     recs = _cleanup_decisions() + [_rec(0, "clean_dirt", "explicit:NoPath")]

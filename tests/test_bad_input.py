@@ -46,12 +46,19 @@ def _write_tiny_gguf(path: Path, layers_written: int | None = None, bad_shape: s
     # numpy shapes (slowest axis first): GGUF lists them reversed.
     shapes = {"token_embd.weight": (t["vocab"], t["n_embd"]), "output_norm.weight": (t["n_embd"],)}
     for i in range(t["layers"] if layers_written is None else layers_written):
-        shapes.update({f"blk.{i}.attn_norm.weight": (t["n_embd"],), f"blk.{i}.ffn_norm.weight": (t["n_embd"],),
-                       f"blk.{i}.attn_q.weight": (q, t["n_embd"]), f"blk.{i}.attn_k.weight": (kv, t["n_embd"]),
-                       f"blk.{i}.attn_v.weight": (kv, t["n_embd"]), f"blk.{i}.attn_output.weight": (t["n_embd"], q),
-                       f"blk.{i}.ffn_gate.weight": (t["n_ff"], t["n_embd"]),
-                       f"blk.{i}.ffn_up.weight": (t["n_ff"], t["n_embd"]),
-                       f"blk.{i}.ffn_down.weight": (t["n_embd"], t["n_ff"])})
+        shapes.update(
+            {
+                f"blk.{i}.attn_norm.weight": (t["n_embd"],),
+                f"blk.{i}.ffn_norm.weight": (t["n_embd"],),
+                f"blk.{i}.attn_q.weight": (q, t["n_embd"]),
+                f"blk.{i}.attn_k.weight": (kv, t["n_embd"]),
+                f"blk.{i}.attn_v.weight": (kv, t["n_embd"]),
+                f"blk.{i}.attn_output.weight": (t["n_embd"], q),
+                f"blk.{i}.ffn_gate.weight": (t["n_ff"], t["n_embd"]),
+                f"blk.{i}.ffn_up.weight": (t["n_ff"], t["n_embd"]),
+                f"blk.{i}.ffn_down.weight": (t["n_embd"], t["n_ff"]),
+            }
+        )
     if bad_shape:
         shapes[bad_shape] = tuple(d + 1 for d in shapes[bad_shape])
     for name, shape in shapes.items():
@@ -103,18 +110,27 @@ def test_gguf_check_catches_truncation_anywhere(tmp_path):
     path = _write_tiny_gguf(tmp_path / "ok.gguf")
     size = path.stat().st_size
     cut = _truncated(path, tmp_path / "cut.gguf", size - 1)
-    with pytest.raises(ValueError, match=rf"cut.gguf: truncated GGUF file: it has {size - 1} bytes but its 20 "
-                                         rf"tensors need {size} \(tensor 'blk.1.ffn_down.weight' ends at byte "
-                                         rf"{size}\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"cut.gguf: truncated GGUF file: it has {size - 1} bytes but its 20 "
+        rf"tensors need {size} \(tensor 'blk.1.ffn_down.weight' ends at byte "
+        rf"{size}\)",
+    ):
         check_gguf(str(cut))
     start = check_gguf(str(path))["data_start"]
     head = _truncated(path, tmp_path / "head.gguf", start - 40)  # inside the tensor table
-    with pytest.raises(ValueError, match=rf"head.gguf: truncated GGUF file: it ends at byte {start - 40}, inside "
-                                         rf"the header"):
+    with pytest.raises(
+        ValueError,
+        match=rf"head.gguf: truncated GGUF file: it ends at byte {start - 40}, inside "
+        rf"the header",
+    ):
         check_gguf(str(head))
     tiny = _truncated(path, tmp_path / "tiny.gguf", 100)  # counts that 100 bytes cannot hold
-    with pytest.raises(ValueError, match=r"tiny.gguf: truncated GGUF file: it has 100 bytes, too few for the 20 "
-                                         r"tensors"):
+    with pytest.raises(
+        ValueError,
+        match=r"tiny.gguf: truncated GGUF file: it has 100 bytes, too few for the 20 "
+        r"tensors",
+    ):
         check_gguf(str(tiny))
     (tmp_path / "zip.gguf").write_bytes(b"PK\x03\x04" + bytes(60))
     with pytest.raises(ValueError, match=r"zip.gguf: not a GGUF file \(starts with b'PK\\x03\\x04'"):
@@ -126,12 +142,18 @@ def test_gguf_check_catches_truncation_anywhere(tmp_path):
 
 def test_gguf_check_compares_tensors_with_the_metadata(tmp_path):
     short = _write_tiny_gguf(tmp_path / "short.gguf", layers_written=1)
-    with pytest.raises(ValueError, match=r"short.gguf: 11 tensors, but the metadata's configuration \(llama, 2 "
-                                         r"layers\) needs 20: missing 'blk.1.attn_norm.weight' and 8 more"):
+    with pytest.raises(
+        ValueError,
+        match=r"short.gguf: 11 tensors, but the metadata's configuration \(llama, 2 "
+        r"layers\) needs 20: missing 'blk.1.attn_norm.weight' and 8 more",
+    ):
         check_gguf(str(short))
     bad = _write_tiny_gguf(tmp_path / "shape.gguf", bad_shape="blk.0.attn_k.weight")
-    with pytest.raises(ValueError, match=r"shape.gguf: tensor 'blk.0.attn_k.weight' has shape \[9, 5\], the "
-                                         r"metadata implies \[8, 4\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"shape.gguf: tensor 'blk.0.attn_k.weight' has shape \[9, 5\], the "
+        r"metadata implies \[8, 4\]",
+    ):
         check_gguf(str(bad))
 
 
@@ -144,8 +166,11 @@ def test_gguf_check_of_the_default_model_and_a_truncated_copy(tmp_path):
     info = check_gguf(str(path))
     assert (info["tensors"], info["layers"], info["data_bytes"]) == (272, 30, path.stat().st_size)
     cut = _truncated(path, tmp_path / "smollm2_cut.gguf", 2_000_000)  # header (1.8 MB) and a little data
-    with pytest.raises(ValueError, match=rf"smollm2_cut.gguf: truncated GGUF file: it has 2000000 bytes but its "
-                                         rf"272 tensors need {path.stat().st_size}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"smollm2_cut.gguf: truncated GGUF file: it has 2000000 bytes but its "
+        rf"272 tensors need {path.stat().st_size}",
+    ):
         check_gguf(str(cut))
     assert time.perf_counter() - t0 < 5  # header reads only (about 0.2 s each)
 
@@ -180,27 +205,34 @@ def test_truncated_safetensors_in_a_model_dir(tmp_path, capfd):
     full = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(full[:-4])
     code, err = _cli(["--preset", "smoke", "--model", str(d), "--out", str(tmp_path / "never")], capfd)
-    _one_line_error(code, err, f"error: model {d / 'model.safetensors'}: truncated safetensors file: it has "
-                               f"{size - 4} bytes but its 2 tensors need {size}")
+    _one_line_error(
+        code,
+        err,
+        f"error: model {d / 'model.safetensors'}: truncated safetensors file: it has "
+        f"{size - 4} bytes but its 2 tensors need {size}",
+    )
     (d / "model.safetensors").write_bytes(full[:6])
     code, err = _cli(["--preset", "smoke", "--model", str(d), "--out", str(tmp_path / "never")], capfd)
     _one_line_error(code, err, "truncated or corrupt safetensors file: 6 bytes, header length missing")
     assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--seed", "x"], f"error: argument --seed: invalid int value: 'x' (see {PROG} --help)"),
-    (["--rounds", "two"], "error: argument --rounds: invalid int value: 'two'"),
-    (["--bogus", "1"], "error: unrecognized arguments: --bogus 1"),
-    (["--rounds", "0"], "error: rounds must be >= 1, got 0"),
-    (["--rollouts", "0"], "error: num_rollouts must be >= 1, got 0"),
-    (["--episode-steps", "-3"], "error: episode_steps must be >= 1, got -3"),
-    (["--eval-episodes", "0"], "error: eval_episodes must be >= 1, got 0"),
-    (["--mode", "beam"], "error: unknown scoring mode 'beam'"),
-    (["--preset", "huge"], "error: unknown preset 'huge'"),
-    (["--model", "/nonexistent/model.gguf"], "error: model path /nonexistent/model.gguf does not exist"),
-    (["--resume", "--force"], "error: --resume and --force exclude each other"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seed", "x"], f"error: argument --seed: invalid int value: 'x' (see {PROG} --help)"),
+        (["--rounds", "two"], "error: argument --rounds: invalid int value: 'two'"),
+        (["--bogus", "1"], "error: unrecognized arguments: --bogus 1"),
+        (["--rounds", "0"], "error: rounds must be >= 1, got 0"),
+        (["--rollouts", "0"], "error: num_rollouts must be >= 1, got 0"),
+        (["--episode-steps", "-3"], "error: episode_steps must be >= 1, got -3"),
+        (["--eval-episodes", "0"], "error: eval_episodes must be >= 1, got 0"),
+        (["--mode", "beam"], "error: unknown scoring mode 'beam'"),
+        (["--preset", "huge"], "error: unknown preset 'huge'"),
+        (["--model", "/nonexistent/model.gguf"], "error: model path /nonexistent/model.gguf does not exist"),
+        (["--resume", "--force"], "error: --resume and --force exclude each other"),
+    ],
+)
 def test_bad_flag_values_fail_in_one_line(argv, message, tmp_path, capfd):
     out = tmp_path / "never"
     argv = (["--preset", "smoke"] if "--preset" not in argv else []) + argv + ["--out", str(out)]
@@ -238,23 +270,32 @@ def _resume_dir(tmp_path, guards_text: str) -> Path:
 
 
 def _resume(run, capfd):
-    return _cli(["--layout", "aa", "--preset", "smoke", "--out", str(run), "--resume"], capfd, game=None,
-                prog="python -m experiments.overcooked")
+    return _cli(
+        ["--layout", "aa", "--preset", "smoke", "--out", str(run), "--resume"],
+        capfd,
+        game=None,
+        prog="python -m experiments.overcooked",
+    )
 
 
 def test_corrupt_guards_on_resume_names_file_and_line(tmp_path, capfd):
     run = _resume_dir(tmp_path, '{"opt": "fetch_onion"}\n{"opt": "fetch_dish", "lits\n')
     before = sorted(p.name for p in run.rglob("*"))
     code, err = _resume(run, capfd)
-    _one_line_error(code, err, f"error: --resume: {run / 'guards.jsonl'}:2: malformed JSON",
-                    f"delete {run / 'guards.jsonl'} to redo the burn-in")
+    _one_line_error(
+        code,
+        err,
+        f"error: --resume: {run / 'guards.jsonl'}:2: malformed JSON",
+        f"delete {run / 'guards.jsonl'} to redo the burn-in",
+    )
     assert sorted(p.name for p in run.rglob("*")) == before  # nothing written
 
 
 def test_guards_that_do_not_fit_the_library_on_resume(tmp_path, capfd):
     # Valid JSON, but no such option: found when the guards are loaded against the library, before the model.
-    run = _resume_dir(tmp_path, '{"opt": "fly_to_the_moon", "channel": "explicit", "when": {"reason": "r"}, '
-                                '"support": 1}\n')
+    run = _resume_dir(
+        tmp_path, '{"opt": "fly_to_the_moon", "channel": "explicit", "when": {"reason": "r"}, "support": 1}\n'
+    )
     code, err = _resume(run, capfd)
     _one_line_error(code, err, f"error: --resume: {run / 'guards.jsonl'}:1: unknown option 'fly_to_the_moon'")
     assert not (run / "checkpoints").exists() and not (run / "metrics.jsonl").exists()
@@ -291,10 +332,12 @@ def test_burnin_bad_input(tmp_path, capfd):
     def main(argv):
         return burnin.main(burnin.parse_args(argv))
 
-    for argv, message in (([], "error: the following arguments are required: --game"),
-                          (["--game", "chess"], "error: unknown game 'chess'"),
-                          (["--game", "cleanup", "--episodes", "x"], "error: argument --episodes: invalid int"),
-                          (["--game", "cleanup", "--chunk", "0"], "error: --chunk must be >= 1, got 0")):
+    for argv, message in (
+        ([], "error: the following arguments are required: --game"),
+        (["--game", "chess"], "error: unknown game 'chess'"),
+        (["--game", "cleanup", "--episodes", "x"], "error: argument --episodes: invalid int"),
+        (["--game", "cleanup", "--chunk", "0"], "error: --chunk must be >= 1, got 0"),
+    ):
         code, err = _run(main, argv, capfd)
         assert _one_line_error(code, err).startswith(message), err
     f = tmp_path / "file"
@@ -302,19 +345,22 @@ def test_burnin_bad_input(tmp_path, capfd):
     code, err = _run(main, ["--game", "cleanup", "--out", str(f)], capfd)
     _one_line_error(code, err, f"--out {f} exists and is not a directory")
     assert burnin.parse_args(["--game", "harvest", "--episodes", "3", "--steps", "9"]) == burnin.Args(
-        game="harvest", episodes=3, steps=9)
+        game="harvest", episodes=3, steps=9
+    )
 
 
 def test_bench_bad_input(tmp_path, capfd):
     model = _truncated(_write_tiny_gguf(tmp_path / "ok.gguf"), tmp_path / "cut.gguf", 300)
-    for argv, message in ((["nope"], "error: unknown benchmark 'nope'; valid: envs, llm, train, rollout"),
-                          (["envs", "--games", "chess"], "error: --games: unknown game 'chess'"),
-                          (["envs", "--n-envs", "1", "0"], "error: --n-envs must be >= 1, got 0"),
-                          (["llm", "--batch", "x"], "error: argument --batch: invalid int value: 'x'"),
-                          (["llm", "--model", str(model)], f"error: model {model}: truncated GGUF file"),
-                          (["train", "--decisions", "0"], "error: --decisions must be >= 1, got 0"),
-                          (["train", "--shape", "gpt5"], "error: argument --shape: invalid choice: 'gpt5'"),
-                          (["rollout", "--rows", "8,x"], "error: --rows '8,x': expected comma-separated")):
+    for argv, message in (
+        (["nope"], "error: unknown benchmark 'nope'; valid: envs, llm, train, rollout"),
+        (["envs", "--games", "chess"], "error: --games: unknown game 'chess'"),
+        (["envs", "--n-envs", "1", "0"], "error: --n-envs must be >= 1, got 0"),
+        (["llm", "--batch", "x"], "error: argument --batch: invalid int value: 'x'"),
+        (["llm", "--model", str(model)], f"error: model {model}: truncated GGUF file"),
+        (["train", "--decisions", "0"], "error: --decisions must be >= 1, got 0"),
+        (["train", "--shape", "gpt5"], "error: argument --shape: invalid choice: 'gpt5'"),
+        (["rollout", "--rows", "8,x"], "error: --rows '8,x': expected comma-separated"),
+    ):
         code, err = _run(bench.main, argv, capfd)
         assert _one_line_error(code, err).startswith(message), err
     a = bench_envs.parse_args(["--games", "cleanup", "--n-envs", "1", "64", "--no-baseline"])
@@ -325,9 +371,14 @@ def test_the_command_line_exits_2_with_one_line(tmp_path):
     """The real command (a subprocess): status 2, one stderr line, in seconds."""
     model = _truncated(_write_tiny_gguf(tmp_path / "ok.gguf"), tmp_path / "cut.gguf", 300)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "experiments.cleanup", "--model", str(model), "--out",
-                        str(tmp_path / "never")], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "experiments.cleanup", "--model", str(model), "--out", str(tmp_path / "never")],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     seconds = time.perf_counter() - t0
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == [p.stderr.strip()] and p.stderr.startswith(f"error: model {model}: truncated")

@@ -8,7 +8,11 @@ import pytest
 import envs_jax
 from envs_jax import meltingpot as mp
 from envs_jax.cleanup import (
-    CLEAN_COOLDOWN, Cleanup, DIRT_SPAWN_START_STEP, ZAP_REMOVAL_FRAMES, apple_growth_probability,
+    CLEAN_COOLDOWN,
+    DIRT_SPAWN_START_STEP,
+    ZAP_REMOVAL_FRAMES,
+    Cleanup,
+    apple_growth_probability,
 )
 
 NOOP, FORWARD, BACKWARD, STEP_LEFT, STEP_RIGHT, TURN_LEFT, TURN_RIGHT, ZAP, CLEAN = range(9)
@@ -85,8 +89,27 @@ def test_real_map_counts_match_spec():
     assert env.apple_capable.sum() == 122
     assert not env.apple_capable[16, 20] and not env.apple_capable[16, 21]
     spawn = {tuple(p) for p in env.spawn_points.tolist()}
-    assert spawn == {(7, 4), (7, 9), (8, 6), (8, 12), (8, 16), (8, 25), (9, 14), (9, 18), (10, 4), (10, 9),
-                     (10, 26), (11, 16), (11, 23), (12, 6), (12, 18), (13, 12), (13, 24), (14, 3), (14, 17)}
+    assert spawn == {
+        (7, 4),
+        (7, 9),
+        (8, 6),
+        (8, 12),
+        (8, 16),
+        (8, 25),
+        (9, 14),
+        (9, 18),
+        (10, 4),
+        (10, 9),
+        (10, 26),
+        (11, 16),
+        (11, 23),
+        (12, 6),
+        (12, 18),
+        (13, 12),
+        (13, 24),
+        (14, 3),
+        (14, 17),
+    }
 
 
 def test_reset_distinct_spawns_dirt_and_no_apples():
@@ -153,8 +176,11 @@ def test_turns_and_wall(room):
 def _resolve(pos, targets, rank, wall_map=ROOM_MAP):
     wall = jnp.asarray(mp.parse_ascii_map(wall_map) == "W")
     n = len(pos)
-    return np.asarray(mp.resolve_moves(jnp.asarray(pos), jnp.asarray(targets), jnp.ones(n, bool),
-                                       jnp.ones(n, bool), wall, jnp.asarray(rank)))
+    return np.asarray(
+        mp.resolve_moves(
+            jnp.asarray(pos), jnp.asarray(targets), jnp.ones(n, bool), jnp.ones(n, bool), wall, jnp.asarray(rank)
+        )
+    )
 
 
 def test_two_agents_into_one_cell_earlier_wins():
@@ -248,8 +274,9 @@ def test_two_beams_on_one_dirt_cell_credit_one_shooter():
     wall = jnp.asarray(env.wall)
     both = jnp.asarray([True, True])
     for order, want in ((None, [1, 0]), ([0, 1], [1, 0]), ([1, 0], [0, 1])):
-        dirt, cleaned = mp.clean_beams(st.pos, st.facing, both, wall, st.dirt,
-                                       None if order is None else jnp.asarray(order))
+        dirt, cleaned = mp.clean_beams(
+            st.pos, st.facing, both, wall, st.dirt, None if order is None else jnp.asarray(order)
+        )
         assert not np.asarray(dirt).any()
         assert np.asarray(cleaned).tolist() == want
     # Only one shooter fires: it gets the cell whatever the order.
@@ -268,12 +295,14 @@ def test_step_credits_a_shared_dirt_cell_once_in_random_order():
     cleaned = np.asarray(out.cleaned)
     assert not np.asarray(out.dirt).any() and np.asarray(out.clean_fired).all()
     assert (cleaned.sum(axis=1) == 1).all()
-    first = np.asarray(jax.vmap(lambda k: mp.random_ranks(mp.hash_uniform(
-        mp.seed_from_key(k), (2,), cu._STREAM_CLEAN_ORDER)))(keys))
+    first = np.asarray(
+        jax.vmap(lambda k: mp.random_ranks(mp.hash_uniform(mp.seed_from_key(k), (2,), cu._STREAM_CLEAN_ORDER)))(keys)
+    )
     np.testing.assert_array_equal(cleaned, (first == 0).astype(np.int32))
     assert 50 < cleaned[:, 0].sum() < 150
-    assert np.asarray(env.num_others_who_cleaned(jax.tree.map(lambda x: x[0], out))).tolist() == \
-        ([0, 1] if cleaned[0, 0] else [1, 0])
+    assert np.asarray(env.num_others_who_cleaned(jax.tree.map(lambda x: x[0], out))).tolist() == (
+        [0, 1] if cleaned[0, 0] else [1, 0]
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,8 +362,13 @@ def test_respawn_waits_when_no_spawn_point_free():
     spawn = jnp.asarray([(1, 1)], jnp.int32)
     seed = mp.seed_from_key(jax.random.PRNGKey(0))
     pos = jnp.asarray([(1, 1), (1, 2)], jnp.int32)
-    args = dict(facing=jnp.asarray([E, W]), alive=jnp.asarray([True, False]), timer=jnp.asarray([0, 1]),
-                was_removed=jnp.asarray([False, True]), spawn_points=spawn)
+    args = dict(
+        facing=jnp.asarray([E, W]),
+        alive=jnp.asarray([True, False]),
+        timer=jnp.asarray([0, 1]),
+        was_removed=jnp.asarray([False, True]),
+        spawn_points=spawn,
+    )
     p, f, alive, timer = mp.respawn(seed, pos, **args)
     assert not bool(alive[1]) and int(timer[1]) == 0
     moved = pos.at[0].set(jnp.asarray([1, 3]))

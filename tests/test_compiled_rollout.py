@@ -27,8 +27,9 @@ def _roller(game, mode, chunks=ONE_BRANCH, batch=2, temperature=1.0, steps=STEPS
     n = lib.num_agents
     model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=n, rank=2, alpha=4.0))
     cfg = rollout.PolicyConfig(mode=mode, temperature=temperature, max_new_tokens=max_new_tokens)
-    return cr.CompiledRoller(game, env, lib, guards.compile_guards([], lib.vocab), model, tok, cfg, batch=batch,
-                             chunks=chunks)
+    return cr.CompiledRoller(
+        game, env, lib, guards.compile_guards([], lib.vocab), model, tok, cfg, batch=batch, chunks=chunks
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def _check_letters(r, res):
     assert ok, "no parsed decision to check"
     for t in res.traces:
         assert t["prompt_text"] == r.tok.decode(t["prompt_ids"], skip_special_tokens=False)
-        assert t["prompt_ids"][:len(r.prefix_ids)] == list(r.prefix_ids)
+        assert t["prompt_ids"][: len(r.prefix_ids)] == list(r.prefix_ids)
         assert t["prompt"] in t["prompt_text"]
         if t["parse_fail"]:
             assert t["option"] in ("wait", "idle")
@@ -117,8 +118,11 @@ class _Scripted(cr.CompiledRoller):
         m = self.response_len
         row = jnp.asarray((toks + [self.pad_id] * m)[:m], jnp.int32)
         n = ids.shape[0]
-        return (jnp.broadcast_to(row, (n, m)), jnp.broadcast_to(jnp.arange(m) < len(toks), (n, m)) & live[:, None],
-                jnp.zeros((n,), jnp.float32))
+        return (
+            jnp.broadcast_to(row, (n, m)),
+            jnp.broadcast_to(jnp.arange(m) < len(toks), (n, m)) & live[:, None],
+            jnp.zeros((n,), jnp.float32),
+        )
 
 
 def test_sample_mode_parses_on_device_and_starts_the_letter(oc_sample):
@@ -140,8 +144,9 @@ def test_sample_mode_parses_on_device_and_starts_the_letter(oc_sample):
 @pytest.fixture(scope="module")
 def cu_padded():
     """Cleanup (7 agents), rows padded to 16 (every wave in one call), one column width."""
-    return _roller("cleanup", "choice_only", steps=10,
-                   chunks=cr.ChunkConfig(row_sizes=(16,), pad_rows=True, length_step=4096))
+    return _roller(
+        "cleanup", "choice_only", steps=10, chunks=cr.ChunkConfig(row_sizes=(16,), pad_rows=True, length_step=4096)
+    )
 
 
 def test_chunking_does_not_change_decisions(cu_padded):
@@ -167,15 +172,23 @@ def test_training_batch_and_epoch0_ratio(fixture, request):
     adv = np.array([0.5, -0.5], np.float32)
     batch = cr.decision_batch(r, res, adv, row_multiple=8, prefix=r.prefix_ids)
     d = res.num_decisions
-    host = ts.pack_decisions([t["prompt_ids"] for t in res.traces], [t["response_ids"] for t in res.traces],
-                             [t["aid"] for t in res.traces], [float(adv[t["rollout"]]) for t in res.traces],
-                             pad_id=r.pad_id, prompt_len=batch.tokens.shape[1] - r.response_len,
-                             response_len=r.response_len, prefix=r.prefix_ids,
-                             choices=[[int(x) for x in r.letter_ids[:t["n_letters"]]] for t in res.traces]
-                             if r.cfg.mode == "choice_only" else None)
+    host = ts.pack_decisions(
+        [t["prompt_ids"] for t in res.traces],
+        [t["response_ids"] for t in res.traces],
+        [t["aid"] for t in res.traces],
+        [float(adv[t["rollout"]]) for t in res.traces],
+        pad_id=r.pad_id,
+        prompt_len=batch.tokens.shape[1] - r.response_len,
+        response_len=r.response_len,
+        prefix=r.prefix_ids,
+        choices=[[int(x) for x in r.letter_ids[: t["n_letters"]]] for t in res.traces]
+        if r.cfg.mode == "choice_only"
+        else None,
+    )
     for name in ("tokens", "attention_mask", "response_mask", "agent_ids", "advantages"):
-        np.testing.assert_array_equal(np.asarray(getattr(batch, name))[:d], np.asarray(getattr(host, name)),
-                                      err_msg=name)
+        np.testing.assert_array_equal(
+            np.asarray(getattr(batch, name))[:d], np.asarray(getattr(host, name)), err_msg=name
+        )
     assert not np.asarray(batch.valid)[d:].any() and np.asarray(batch.valid)[:d].all()
     assert batch.tokens.shape[0] % 64 == 0
     mcfg = magrpo.MAGRPOConfig.smoke(temperature=r.cfg.temperature, micro_batch=8)
@@ -247,8 +260,20 @@ def test_host_loop_parity(cu_padded):
     b = host.collect([31, 32], key)
     assert len(a.traces) == len(b.traces) > 0
     for x, y in zip(a.traces, b.traces):
-        for f in ("rollout", "seed", "step", "aid", "prompt", "menu", "response", "response_source", "choice",
-                  "option", "target", "outcome"):
+        for f in (
+            "rollout",
+            "seed",
+            "step",
+            "aid",
+            "prompt",
+            "menu",
+            "response",
+            "response_source",
+            "choice",
+            "option",
+            "target",
+            "outcome",
+        ):
             assert x[f] == y[f], (f, x[f], y[f])
         assert x["prompt_ids"] == b.decisions[b.traces.index(y)][2].prompt_ids
         assert abs(x["logp"] - y["logp"]) < 1e-5

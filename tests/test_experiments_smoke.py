@@ -11,14 +11,52 @@ from experiments import common
 from tests.conftest import run_cli
 
 # config.json keys written before RunConfig held its update hyper-parameters in a MAGRPOConfig.
-OLD_CONFIG_KEYS = ("game", "preset", "seed", "model", "episode_steps", "rounds", "num_rollouts", "temperature",
-                   "lora_rank", "learning_rate", "kl_beta", "clip_eps", "epochs", "max_grad_norm", "micro_batch",
-                   "mode", "max_new_tokens", "shared_adapter", "burnin_episodes", "burnin_steps", "eval_episodes",
-                   "eval_base", "skip_zero_advantage", "eval_checkpoint", "solo_episodes", "reduced_budget",
-                   "num_agents", "eval_seed0")
-RUN_FILES = ("config.json", "burnin/records.parquet", "burnin/burnin.json", "guards.jsonl", "metrics.jsonl",
-             "decisions/round_0000.jsonl", "decisions/round_0001.jsonl", "decisions/eval.jsonl",
-             "decisions/eval_base.jsonl", "eval.json", "solo.json", "eval_traj.npz", "episode.gif", "report.md")
+OLD_CONFIG_KEYS = (
+    "game",
+    "preset",
+    "seed",
+    "model",
+    "episode_steps",
+    "rounds",
+    "num_rollouts",
+    "temperature",
+    "lora_rank",
+    "learning_rate",
+    "kl_beta",
+    "clip_eps",
+    "epochs",
+    "max_grad_norm",
+    "micro_batch",
+    "mode",
+    "max_new_tokens",
+    "shared_adapter",
+    "burnin_episodes",
+    "burnin_steps",
+    "eval_episodes",
+    "eval_base",
+    "skip_zero_advantage",
+    "eval_checkpoint",
+    "solo_episodes",
+    "reduced_budget",
+    "num_agents",
+    "eval_seed0",
+)
+RUN_FILES = (
+    "config.json",
+    "burnin/records.parquet",
+    "burnin/burnin.json",
+    "guards.jsonl",
+    "metrics.jsonl",
+    "decisions/round_0000.jsonl",
+    "decisions/round_0001.jsonl",
+    "decisions/eval.jsonl",
+    "decisions/eval_base.jsonl",
+    "eval.json",
+    "solo.json",
+    "eval_traj.npz",
+    "episode.gif",
+    "report.md",
+)
 
 
 def _cli(*args, timeout=900):
@@ -101,21 +139,28 @@ def test_corrupt_checkpoint_on_resume(smoke_run, tmp_path):
     big = max((f for f in (steps[0] / "adapters").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
     with big.open("r+b") as fh:
         fh.truncate(1)
-    with pytest.raises(SystemExit, match=f"checkpoint .*{last.name} is corrupt.*checkpoint .*1 is corrupt: {big} "
-                                         f"is truncated.*no intact checkpoint"):
-        common.main(None, ["--layout", "aa", "--preset", "smoke", "--model", "tiny-random", "--out", str(bad),
-                           "--resume"])
+    with pytest.raises(
+        SystemExit,
+        match=f"checkpoint .*{last.name} is corrupt.*checkpoint .*1 is corrupt: {big} "
+        f"is truncated.*no intact checkpoint",
+    ):
+        common.main(
+            None, ["--layout", "aa", "--preset", "smoke", "--model", "tiny-random", "--out", str(bad), "--resume"]
+        )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--layout", "aa", "--preset", "huge"], "unknown preset 'huge'"),
-    (["--layout", "xx", "--preset", "smoke"], "unknown layout 'xx'"),
-    (["--layout", "aa", "--preset", "smoke", "--model", "/nonexistent/model"], "/nonexistent/model does not exist"),
-    (["--layout", "aa", "--preset", "smoke", "--mode", "beam"], "unknown scoring mode 'beam'"),
-    (["--layout", "aa", "--preset", "smoke", "--eval-checkpoint", "last"], "unknown eval checkpoint 'last'"),
-    (["--layout", "aa", "--preset", "smoke", "--solo-episodes", "3"], "solo_episodes must be in 0..eval_episodes"),
-    (["--layout", "aa", "--preset", "smoke", "--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--layout", "aa", "--preset", "huge"], "unknown preset 'huge'"),
+        (["--layout", "xx", "--preset", "smoke"], "unknown layout 'xx'"),
+        (["--layout", "aa", "--preset", "smoke", "--model", "/nonexistent/model"], "/nonexistent/model does not exist"),
+        (["--layout", "aa", "--preset", "smoke", "--mode", "beam"], "unknown scoring mode 'beam'"),
+        (["--layout", "aa", "--preset", "smoke", "--eval-checkpoint", "last"], "unknown eval checkpoint 'last'"),
+        (["--layout", "aa", "--preset", "smoke", "--solo-episodes", "3"], "solo_episodes must be in 0..eval_episodes"),
+        (["--layout", "aa", "--preset", "smoke", "--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1, got 0"),
+    ],
+)
 def test_bad_input_fails_before_compute(argv, message, tmp_path):
     with pytest.raises(SystemExit, match=message):
         common.main(None, argv + ["--out", str(tmp_path / "never")])
@@ -130,19 +175,25 @@ def test_model_dir_without_weights(tmp_path):
     with pytest.raises(SystemExit, match="unknown game 'chess'"):
         common.RunConfig.from_preset("smoke", "chess")
     with pytest.raises(SystemExit, match="--resume: run directory"):
-        common.main("cleanup", ["--preset", "smoke", "--model", "tiny-random", "--out", str(tmp_path / "no"),
-                                "--resume"])
+        common.main(
+            "cleanup", ["--preset", "smoke", "--model", "tiny-random", "--out", str(tmp_path / "no"), "--resume"]
+        )
 
 
 def test_presets_follow_the_paper():
     p = common.RunConfig.paper("cleanup")
     pm = p.magrpo
-    assert (p.lora_rank, pm.learning_rate, pm.num_rollouts, pm.temperature, p.episode_steps) == \
-        (32, 5e-5, 4, 0.7, 150)
+    assert (p.lora_rank, pm.learning_rate, pm.num_rollouts, pm.temperature, p.episode_steps) == (32, 5e-5, 4, 0.7, 150)
     o = common.RunConfig.paper("overcooked_fc")
     om = o.magrpo
-    assert (o.lora_rank, om.learning_rate, om.num_rollouts, om.temperature, om.kl_beta, o.episode_steps) == \
-        (16, 2e-5, 6, 0.9, 0.05, 400)
+    assert (o.lora_rank, om.learning_rate, om.num_rollouts, om.temperature, om.kl_beta, o.episode_steps) == (
+        16,
+        2e-5,
+        6,
+        0.9,
+        0.05,
+        400,
+    )
     assert (pm.clip_eps, pm.epochs, pm.max_grad_norm, p.eval_episodes) == (0.2, 2, 1.0, 20)
     assert (pm.kl_beta, pm.micro_batch, pm.shared_adapter) == (0.05, 8, False)
     assert common.RunConfig.paper("harvest").episode_steps == 400
@@ -153,8 +204,9 @@ def test_presets_follow_the_paper():
     assert (p.solo_episodes, o.solo_episodes, common.RunConfig.paper("harvest").solo_episodes) == (3, 5, 3)
     assert c.solo_episodes == common.RunConfig.smoke("overcooked_aa").solo_episodes == 1
     assert common.RunConfig.paper("overcooked_aa", eval_episodes=3).solo_episodes == 3  # capped by the evaluation
-    args = common.build_parser("x", layout=True).parse_args(["--preset", "paper", "--eval-checkpoint", "final",
-                                                             "--solo-episodes", "0"])
+    args = common.build_parser("x", layout=True).parse_args(
+        ["--preset", "paper", "--eval-checkpoint", "final", "--solo-episodes", "0"]
+    )
     cfg = common.config_from_args("overcooked_fc", args)
     assert (cfg.eval_checkpoint, cfg.solo_episodes) == ("final", 0)
     # The update's hyper-parameters by their flat (config.json) names: presets, --rollouts, replace().
@@ -204,13 +256,15 @@ def test_resume_with_differing_flags_fails_naming_them(tmp_path):
     assert common.prepare_run_dir(cfg, run, resume=True, force=False) is None
     more = cfg.replace(rounds=5, eval_episodes=3, eval_base=False, eval_checkpoint="final", solo_episodes=0)
     assert common.prepare_run_dir(more, run, resume=True, force=False) is None
-    assert set(common.RESUME_MAY_DIFFER) == {"rounds", "eval_episodes", "eval_base", "eval_checkpoint",
-                                             "solo_episodes"}
+    assert set(common.RESUME_MAY_DIFFER) == {"rounds", "eval_episodes", "eval_base", "eval_checkpoint", "solo_episodes"}
     # Anything else fails before any compute, naming each key with both values.
     bad = cfg.replace(episode_steps=30, mode="choice_only", learning_rate=0.5, rounds=9)
-    with pytest.raises(SystemExit, match=r'in 3 key\(s\): episode_steps: 12 in config.json, 30 given; mode: '
-                                         r'"sample" in config.json, "choice_only" given; learning_rate: 0.01 in '
-                                         r'config.json, 0.5 given\.'):
+    with pytest.raises(
+        SystemExit,
+        match=r"in 3 key\(s\): episode_steps: 12 in config.json, 30 given; mode: "
+        r'"sample" in config.json, "choice_only" given; learning_rate: 0.01 in '
+        r"config.json, 0.5 given\.",
+    ):
         common.prepare_run_dir(bad, run, resume=True, force=False)
     with pytest.raises(SystemExit, match=r'model: "tiny-random" in config.json, null given'):
         common.prepare_run_dir(cfg.replace(model=None), run, resume=True, force=False)
@@ -221,8 +275,19 @@ def test_resume_with_differing_flags_fails_naming_them(tmp_path):
 
 def test_resume_mismatch_exits_with_status_2(tmp_path):
     run = _run_dir_with_config(tmp_path, common.RunConfig.smoke("overcooked_aa", model="tiny-random", seed=1))
-    p = _cli("experiments.overcooked", "--layout", "aa", "--preset", "smoke", "--model", "tiny-random",
-             "--out", str(run), "--resume", timeout=300)
+    p = _cli(
+        "experiments.overcooked",
+        "--layout",
+        "aa",
+        "--preset",
+        "smoke",
+        "--model",
+        "tiny-random",
+        "--out",
+        str(run),
+        "--resume",
+        timeout=300,
+    )
     assert p.returncode == 2, p.stderr[-2000:]
     assert "error: --resume: the flags differ" in p.stderr and "seed: 1 in config.json, 0 given" in p.stderr
     assert not (run / "burnin").exists()

@@ -36,8 +36,19 @@ def rows_table(rows):
     for i, r in enumerate(rows):
         opt, outcome, feats = r[:3]
         solo = r[3] if len(r) > 3 else True
-        out.append({"ep": i // 10, "step": i, "aid": 0, "solo": solo, "opt": opt, "target_x": 1, "target_y": 1,
-                    "outcome": outcome, **feats})
+        out.append(
+            {
+                "ep": i // 10,
+                "step": i,
+                "aid": 0,
+                "solo": solo,
+                "opt": opt,
+                "target_x": 1,
+                "target_y": 1,
+                "outcome": outcome,
+                **feats,
+            }
+        )
     return rec.records_from_rows(out, VOCAB)
 
 
@@ -64,8 +75,12 @@ def reference_guards(codes, vocab, read_sets, solo_only=(), min_support=5):
             return all(codes.features[i, fidx[f]] == vals[f].index(v) for f, v in conj)
 
         singles = [((f, v),) for f in read_sets.get(o, ()) for v in vals[f]]
-        pairs = [((f, v), (g, w)) for f, g in itertools.combinations(read_sets.get(o, ()), 2)
-                 for v in vals[f] for w in vals[g]]
+        pairs = [
+            ((f, v), (g, w))
+            for f, g in itertools.combinations(read_sets.get(o, ()), 2)
+            for v in vals[f]
+            for w in vals[g]
+        ]
         adopted_singles = set()
         for conj in singles + pairs:
             n_fail = sum(covers(conj, i) for i in fails)
@@ -100,10 +115,15 @@ def record_sets(draw):
     feats = draw(st.lists(st.tuples(ints(-1, 2), ints(-1, 1), ints(0, 1)), min_size=n, max_size=n))
     solo = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     return rec.RecordCodes(
-        ep=np.zeros(n, np.int32), step=np.arange(n, dtype=np.int32), aid=np.zeros(n, np.int32),
-        solo=np.array(solo, bool), opt=np.array(opt, np.int32),
-        target_x=np.zeros(n, np.int32), target_y=np.zeros(n, np.int32),
-        outcome=np.array(outcome, np.int32), features=np.array(feats, np.int32).reshape(n, 3),
+        ep=np.zeros(n, np.int32),
+        step=np.arange(n, dtype=np.int32),
+        aid=np.zeros(n, np.int32),
+        solo=np.array(solo, bool),
+        opt=np.array(opt, np.int32),
+        target_x=np.zeros(n, np.int32),
+        target_y=np.zeros(n, np.int32),
+        outcome=np.array(outcome, np.int32),
+        features=np.array(feats, np.int32).reshape(n, 3),
     )
 
 
@@ -152,8 +172,10 @@ def absolute_effect(pre, post):
 
 @pytest.mark.parametrize("effect, expect_onion_guard", [(delta_effect, True), (absolute_effect, False)])
 def test_delta_form_example(effect, expect_onion_guard):
-    rows = [("pick_onion", "success" if effect(pre, post) else "effect_fail", {"held": pre})
-            for pre, post in pick_onion_executions()]
+    rows = [
+        ("pick_onion", "success" if effect(pre, post) else "effect_fail", {"held": pre})
+        for pre, post in pick_onion_executions()
+    ]
     guards = gd.synthesize_guards(rows_table(rows), VOCAB, READ_SETS)
     whens = {g.when: g.support for g in guards if g.opt == "pick_onion"}
     # "hide pick_onion when held = dish" is adopted either way.
@@ -266,11 +288,13 @@ def test_unknown_names_in_arguments():
 
 def test_guard_line_format_matches_the_paper():
     g = gd.Guard("start_cooking", "inferred", (("tgt_pot_state", "empty"),), 31887)
-    assert g.to_json() == ('{"opt": "start_cooking", "channel": "inferred", '
-                           '"when": {"tgt_pot_state": "empty"}, "support": 31887}')
+    assert g.to_json() == (
+        '{"opt": "start_cooking", "channel": "inferred", "when": {"tgt_pot_state": "empty"}, "support": 31887}'
+    )
     e = gd.Guard("deliver", "explicit", (("__reason__", "NoPath"),), 20884)
-    assert e.to_json() == ('{"opt": "deliver", "channel": "explicit", '
-                           '"when": {"__reason__": "NoPath"}, "support": 20884}')
+    assert e.to_json() == (
+        '{"opt": "deliver", "channel": "explicit", "when": {"__reason__": "NoPath"}, "support": 20884}'
+    )
 
 
 def test_write_and_load_round_trip(tmp_path):
@@ -291,19 +315,29 @@ GOOD = '{"opt": "deliver", "channel": "inferred", "when": {"held": "none"}, "sup
     "bad, match",
     [
         ('{"opt": "deliver", "channel": "inferred", "when": {"held": "none"}', r":3: malformed JSON"),
-        ('{"opt": "serve", "channel": "inferred", "when": {"held": "none"}, "support": 7}',
-         r":3: unknown option 'serve'"),
-        ('{"opt": "deliver", "channel": "inferred", "when": {"hands": "none"}, "support": 7}',
-         r":3: unknown feature 'hands'"),
-        ('{"opt": "deliver", "channel": "inferred", "when": {"held": "tomato"}, "support": 7}',
-         r":3: unknown value 'tomato' for feature 'held'"),
-        ('{"opt": "deliver", "channel": "explicit", "when": {"__reason__": "Blocked"}, "support": 7}',
-         r":3: unknown reason 'Blocked'"),
-        ('{"opt": "deliver", "channel": "guessed", "when": {"held": "none"}, "support": 7}',
-         r":3: unknown channel 'guessed'"),
+        (
+            '{"opt": "serve", "channel": "inferred", "when": {"held": "none"}, "support": 7}',
+            r":3: unknown option 'serve'",
+        ),
+        (
+            '{"opt": "deliver", "channel": "inferred", "when": {"hands": "none"}, "support": 7}',
+            r":3: unknown feature 'hands'",
+        ),
+        (
+            '{"opt": "deliver", "channel": "inferred", "when": {"held": "tomato"}, "support": 7}',
+            r":3: unknown value 'tomato' for feature 'held'",
+        ),
+        (
+            '{"opt": "deliver", "channel": "explicit", "when": {"__reason__": "Blocked"}, "support": 7}',
+            r":3: unknown reason 'Blocked'",
+        ),
+        (
+            '{"opt": "deliver", "channel": "guessed", "when": {"held": "none"}, "support": 7}',
+            r":3: unknown channel 'guessed'",
+        ),
         ('{"opt": "deliver", "channel": "inferred", "when": {"held": "none"}}', r":3: missing key 'support'"),
         ('{"opt": "deliver", "channel": "inferred", "when": {"held": "none"}, "support": -1}', r":3: support"),
-        ('[1, 2]', r":3: expected a JSON object"),
+        ("[1, 2]", r":3: expected a JSON object"),
     ],
 )
 def test_loader_errors_name_line_and_value(tmp_path, bad, match):
@@ -323,8 +357,10 @@ def test_loader_read_set_check(tmp_path):
 
 
 def test_synthesized_guards_load_back(tmp_path):
-    rows = [("pick_onion", "success" if delta_effect(p, q) else "effect_fail", {"held": p})
-            for p, q in pick_onion_executions()]
+    rows = [
+        ("pick_onion", "success" if delta_effect(p, q) else "effect_fail", {"held": p})
+        for p, q in pick_onion_executions()
+    ]
     rows += [("deliver", "explicit:NoPath", {"held": "soup"})] * 5
     rows += [("deliver", "success", {"held": "soup"})]  # vetoes the inferred 'held = soup'
     guards = gd.synthesize_guards(rows_table(rows), VOCAB, READ_SETS)

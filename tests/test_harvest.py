@@ -7,7 +7,11 @@ import pytest
 
 import envs_jax
 from envs_jax.harvest import (
-    REGROWTH_PROBABILITIES, ZAP_REMOVAL_FRAMES, CommonsHarvest, neighbour_apple_count, regrowth_probability,
+    REGROWTH_PROBABILITIES,
+    ZAP_REMOVAL_FRAMES,
+    CommonsHarvest,
+    neighbour_apple_count,
+    regrowth_probability,
 )
 
 NOOP, FORWARD, BACKWARD, STEP_LEFT, STEP_RIGHT, TURN_LEFT, TURN_RIGHT, ZAP = range(8)
@@ -78,8 +82,7 @@ def test_bad_config_raises():
 
 def test_regrowth_table_and_neighbourhood():
     assert REGROWTH_PROBABILITIES == (0.0, 0.0025, 0.005, 0.025)
-    np.testing.assert_allclose(regrowth_probability(jnp.arange(14)),
-                               [0, 0.0025, 0.005] + [0.025] * 11)
+    np.testing.assert_allclose(regrowth_probability(jnp.arange(14)), [0, 0.0025, 0.005] + [0.025] * 11)
     one = jnp.zeros((7, 7), bool).at[3, 3].set(True)
     k = np.asarray(neighbour_apple_count(one))
     assert k.sum() == 12 and k[3, 3] == 0  # 12 neighbours at distance <= 2, not the cell itself

@@ -7,341 +7,361 @@ import optax
 import pytest
 from flax import nnx
 
-from lora import Decoder, KVCache, LoRAConfig, LoRAParam, ModelConfig, split_model
-from lora import sampling
+from lora import Decoder, KVCache, LoRAConfig, LoRAParam, ModelConfig, sampling, split_model
 from lora.params import build_model, export_hf_weights
 from lora.reference import reference_logits
 
 N_AGENTS = 3
 
 
-def _model(arch="llama", lora=LoRAConfig(num_adapters=N_AGENTS, rank=4, alpha=8.0), seed=0):
-  return Decoder(ModelConfig.tiny(arch), lora, rngs=nnx.Rngs(seed))
+def _model(arch="llama", lora=None, seed=0):
+    lora = lora or LoRAConfig(num_adapters=N_AGENTS, rank=4, alpha=8.0)
+    return Decoder(ModelConfig.tiny(arch), lora, rngs=nnx.Rngs(seed))
 
 
 def _randomise_b(model, seed=1):
-  """Gives every adapter a non-zero B so adapters actually change outputs."""
-  state = nnx.state(model, LoRAParam)
-  pure = nnx.to_pure_dict(state)
-  key = jax.random.key(seed)
-  for leaves in pure["blocks"].values():
-    key, sub = jax.random.split(key)
-    leaves["lora_b"] = 0.1 * jax.random.normal(sub, leaves["lora_b"].shape)
-  nnx.replace_by_pure_dict(state, pure)
-  nnx.update(model, state)
+    """Gives every adapter a non-zero B so adapters actually change outputs."""
+    state = nnx.state(model, LoRAParam)
+    pure = nnx.to_pure_dict(state)
+    key = jax.random.key(seed)
+    for leaves in pure["blocks"].values():
+        key, sub = jax.random.split(key)
+        leaves["lora_b"] = 0.1 * jax.random.normal(sub, leaves["lora_b"].shape)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
 
 
 def _fwd(model, ids, **kw):
-  """Jitted forward (compiled once per config/shape, unlike eager calls that retrace the scan)."""
-  graphdef, state = nnx.split(model)
-  return sampling.forward(graphdef, state, ids, **kw)
+    """Jitted forward (compiled once per config/shape, unlike eager calls that retrace the scan)."""
+    graphdef, state = nnx.split(model)
+    return sampling.forward(graphdef, state, ids, **kw)
 
 
 @pytest.fixture(scope="module")
 def ids():
-  return jnp.asarray(np.random.RandomState(0).randint(0, 128, (2, 9)), jnp.int32)
+    return jnp.asarray(np.random.RandomState(0).randint(0, 128, (2, 9)), jnp.int32)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_logits_match_numpy_reference(arch, ids):
-  model = _model(arch)
-  weights = export_hf_weights(model)
-  ref = reference_logits({k: v.astype(np.float64) for k, v in weights.items()},
-                         model.cfg, np.asarray(ids))
-  out = np.asarray(_fwd(model, ids))
-  assert out.dtype == np.float32 and out.shape == (2, 9, 128)
-  np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
-  # The key map round-trips: rebuilding from the exported HF names gives identical logits.
-  rebuilt = build_model(model.cfg, weights, source="<memory>", lora=model.lora_cfg)
-  np.testing.assert_array_equal(np.asarray(_fwd(rebuilt, ids)), out)
+    model = _model(arch)
+    weights = export_hf_weights(model)
+    ref = reference_logits({k: v.astype(np.float64) for k, v in weights.items()}, model.cfg, np.asarray(ids))
+    out = np.asarray(_fwd(model, ids))
+    assert out.dtype == np.float32 and out.shape == (2, 9, 128)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    # The key map round-trips: rebuilding from the exported HF names gives identical logits.
+    rebuilt = build_model(model.cfg, weights, source="<memory>", lora=model.lora_cfg)
+    np.testing.assert_array_equal(np.asarray(_fwd(rebuilt, ids)), out)
 
 
 def test_logits_match_torch_llama_if_available(ids):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
-  cfg = ModelConfig.tiny("llama")
-  model = _model("llama", lora=None)
-  hf_cfg = transformers.LlamaConfig(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-      num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-      num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta,
-      rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=False)
-  hf = transformers.LlamaForCausalLM(hf_cfg).eval()
-  hf.load_state_dict({k: torch.tensor(v) for k, v in export_hf_weights(model).items()},
-                     strict=False)
-  with torch.no_grad():
-    ref = hf(torch.tensor(np.asarray(ids))).logits.numpy()
-  np.testing.assert_allclose(np.asarray(_fwd(model, ids)), ref, atol=1e-4 * np.abs(ref).max())
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = ModelConfig.tiny("llama")
+    model = _model("llama", lora=None)
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=False,
+    )
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    hf.load_state_dict({k: torch.tensor(v) for k, v in export_hf_weights(model).items()}, strict=False)
+    with torch.no_grad():
+        ref = hf(torch.tensor(np.asarray(ids))).logits.numpy()
+    np.testing.assert_allclose(np.asarray(_fwd(model, ids)), ref, atol=1e-4 * np.abs(ref).max())
 
 
 def test_kv_cache_and_left_padding_match_full_forward(ids):
-  model = _model()
-  graphdef, state = nnx.split(model)
-  full = _fwd(model, ids)
-  cache = KVCache.init(model.cfg, 2, 9)
-  last, cache = sampling.step(graphdef, state, ids[:, :5], cache)
-  steps = [last]
-  for t in range(5, 9):
-    last, cache = sampling.step(graphdef, state, ids[:, t:t + 1], cache)
-    steps.append(last)
-  np.testing.assert_allclose(np.stack(steps, 1), full[:, 4:], atol=1e-5)
-  # Row 0 left-padded by 3 behaves like its unpadded suffix.
-  mask = jnp.array([[0, 0, 0] + [1] * 6, [1] * 9], bool)
-  padded = _fwd(model, ids, attention_mask=mask, agent_ids=jnp.array([1, 2]))
-  alone = _fwd(model, ids[:1, 3:], agent_ids=jnp.array([1]))
-  np.testing.assert_allclose(padded[0, 3:], alone[0], atol=1e-5)
+    model = _model()
+    graphdef, state = nnx.split(model)
+    full = _fwd(model, ids)
+    cache = KVCache.init(model.cfg, 2, 9)
+    last, cache = sampling.step(graphdef, state, ids[:, :5], cache)
+    steps = [last]
+    for t in range(5, 9):
+        last, cache = sampling.step(graphdef, state, ids[:, t : t + 1], cache)
+        steps.append(last)
+    np.testing.assert_allclose(np.stack(steps, 1), full[:, 4:], atol=1e-5)
+    # Row 0 left-padded by 3 behaves like its unpadded suffix.
+    mask = jnp.array([[0, 0, 0] + [1] * 6, [1] * 9], bool)
+    padded = _fwd(model, ids, attention_mask=mask, agent_ids=jnp.array([1, 2]))
+    alone = _fwd(model, ids[:1, 3:], agent_ids=jnp.array([1]))
+    np.testing.assert_allclose(padded[0, 3:], alone[0], atol=1e-5)
 
 
 def _chunked_logits(model, ids, mask, agents, bounds, size):
-  """Logits of ``ids`` fed chunk by chunk [bounds[i], bounds[i+1]) through one growing KV cache."""
-  graphdef, state = nnx.split(model)
+    """Logits of ``ids`` fed chunk by chunk [bounds[i], bounds[i+1]) through one growing KV cache."""
+    graphdef, state = nnx.split(model)
 
-  @jax.jit
-  def chunk(state, ids, mask, cache):
-    m = nnx.merge(graphdef, state)
-    h, cache = m.hidden(ids, attention_mask=mask, agent_ids=agents, cache=cache, cache_size=size)
-    return m.logits(h), cache
+    @jax.jit
+    def chunk(state, ids, mask, cache):
+        m = nnx.merge(graphdef, state)
+        h, cache = m.hidden(ids, attention_mask=mask, agent_ids=agents, cache=cache, cache_size=size)
+        return m.logits(h), cache
 
-  cache, outs = None, []
-  for a, e in zip(bounds, bounds[1:]):
-    logits, cache = chunk(state, ids[:, a:e], mask[:, a:e], cache)
-    outs.append(np.asarray(logits))
-  return np.concatenate(outs, 1), cache
+    cache, outs = None, []
+    for a, e in zip(bounds, bounds[1:]):
+        logits, cache = chunk(state, ids[:, a:e], mask[:, a:e], cache)
+        outs.append(np.asarray(logits))
+    return np.concatenate(outs, 1), cache
 
 
 def test_cached_chunks_match_full_forward():
-  """Every way of filling a KV cache gives the full forward's logits (lora.model): a new cache from
-  the blocked causal path, a long chunk continuing it in two query blocks (flash-style combined
-  softmax over the cache and the chunk's own keys, no concatenation) and short decode chunks; with
-  left padding, a padded slot inside a decode chunk, per-row adapters, and free slots left at the
-  end of the cache."""
-  from lora import model as model_lib
-  model = _model()
-  _randomise_b(model)
-  t = 200
-  ids = jnp.asarray(np.random.RandomState(2).randint(0, 128, (2, t)), jnp.int32)
-  mask = np.ones((2, t), bool)
-  mask[0, :2] = False  # left padding (in the first chunk)
-  mask[1, 187] = False  # a padded slot inside a decode chunk
-  mask = jnp.asarray(mask)
-  agents = jnp.array([2, 0])
-  full = np.asarray(_fwd(model, ids, attention_mask=mask, agent_ids=agents))
-  # chunks: 70 (new cache, 1 block), 116 (2 query blocks over the cache), 1, 2, 3, 4, 4 (decode)
-  bounds = [0, 70, 186, 187, 189, 192, 196, 200]
-  sizes = np.diff(bounds)
-  assert round(sizes[1] / model_lib._CAUSAL_BLOCK) > 1
-  got, cache = _chunked_logits(model, ids, mask, agents, bounds, size=t + 8)
-  real = np.asarray(mask)
-  np.testing.assert_allclose(got[real], full[real], atol=1e-5)
-  assert int(cache.index) == t and cache.size == t + 8
-  assert np.array_equal(np.asarray(cache.valid[:, :t]), real)
-  assert not np.asarray(cache.valid[:, t:]).any()
-  np.testing.assert_array_equal(np.asarray(cache.next_pos), real.sum(1))
+    """Every way of filling a KV cache gives the full forward's logits (lora.model): a new cache from
+    the blocked causal path, a long chunk continuing it in two query blocks (flash-style combined
+    softmax over the cache and the chunk's own keys, no concatenation) and short decode chunks; with
+    left padding, a padded slot inside a decode chunk, per-row adapters, and free slots left at the
+    end of the cache."""
+    from lora import model as model_lib
+
+    model = _model()
+    _randomise_b(model)
+    t = 200
+    ids = jnp.asarray(np.random.RandomState(2).randint(0, 128, (2, t)), jnp.int32)
+    mask = np.ones((2, t), bool)
+    mask[0, :2] = False  # left padding (in the first chunk)
+    mask[1, 187] = False  # a padded slot inside a decode chunk
+    mask = jnp.asarray(mask)
+    agents = jnp.array([2, 0])
+    full = np.asarray(_fwd(model, ids, attention_mask=mask, agent_ids=agents))
+    # chunks: 70 (new cache, 1 block), 116 (2 query blocks over the cache), 1, 2, 3, 4, 4 (decode)
+    bounds = [0, 70, 186, 187, 189, 192, 196, 200]
+    sizes = np.diff(bounds)
+    assert round(sizes[1] / model_lib._CAUSAL_BLOCK) > 1
+    got, cache = _chunked_logits(model, ids, mask, agents, bounds, size=t + 8)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(got[real], full[real], atol=1e-5)
+    assert int(cache.index) == t and cache.size == t + 8
+    assert np.array_equal(np.asarray(cache.valid[:, :t]), real)
+    assert not np.asarray(cache.valid[:, t:]).any()
+    np.testing.assert_array_equal(np.asarray(cache.next_pos), real.sum(1))
 
 
 def test_cached_chunk_gradients_match_full_forward():
-  """The combined-softmax path is differentiable: d(sum of logits of a chunk continuing a cache)
-  with respect to the adapters equals the gradient through one full forward."""
-  model = _model()
-  _randomise_b(model)
-  graphdef, lora_state, rest = nnx.split(model, LoRAParam, ...)
-  ids = jnp.asarray(np.random.RandomState(3).randint(0, 128, (2, 40)), jnp.int32)
-  agents = jnp.array([1, 2])
+    """The combined-softmax path is differentiable: d(sum of logits of a chunk continuing a cache)
+    with respect to the adapters equals the gradient through one full forward."""
+    model = _model()
+    _randomise_b(model)
+    graphdef, lora_state, rest = nnx.split(model, LoRAParam, ...)
+    ids = jnp.asarray(np.random.RandomState(3).randint(0, 128, (2, 40)), jnp.int32)
+    agents = jnp.array([1, 2])
 
-  def full_loss(lora_state):
-    m = nnx.merge(graphdef, lora_state, rest)
-    return m(ids, agent_ids=agents)[:, 25:].sum()
+    def full_loss(lora_state):
+        m = nnx.merge(graphdef, lora_state, rest)
+        return m(ids, agent_ids=agents)[:, 25:].sum()
 
-  def cached_loss(lora_state):
-    m = nnx.merge(graphdef, lora_state, rest)
-    _, cache = m.hidden(ids[:, :25], agent_ids=agents, cache_size=25)
-    h, _ = m.hidden(ids[:, 25:], agent_ids=agents, cache=cache)
-    return m.logits(h).sum()
+    def cached_loss(lora_state):
+        m = nnx.merge(graphdef, lora_state, rest)
+        _, cache = m.hidden(ids[:, :25], agent_ids=agents, cache_size=25)
+        h, _ = m.hidden(ids[:, 25:], agent_ids=agents, cache=cache)
+        return m.logits(h).sum()
 
-  g_full = jax.grad(full_loss)(lora_state)
-  g_cached = jax.grad(cached_loss)(lora_state)
-  for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cached)):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4,
-                               atol=1e-4 * float(np.abs(np.asarray(a)).max()) + 1e-8)
-  assert max(float(np.abs(np.asarray(a)).max()) for a in jax.tree.leaves(g_full)) > 0
+    g_full = jax.grad(full_loss)(lora_state)
+    g_cached = jax.grad(cached_loss)(lora_state)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cached)):
+        np.testing.assert_allclose(
+            np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-4 * float(np.abs(np.asarray(a)).max()) + 1e-8
+        )
+    assert max(float(np.abs(np.asarray(a)).max()) for a in jax.tree.leaves(g_full)) > 0
 
 
 def test_cache_size_errors_name_the_sizes():
-  model = _model()
-  ids = jnp.zeros((1, 6), jnp.int32)
-  with pytest.raises(ValueError, match="cache_size=4"):
-    model.hidden(ids, cache_size=4)
-  _, cache = model.hidden(ids, cache_size=8)
-  with pytest.raises(ValueError, match="8 slots"):
-    model.hidden(ids[:, :1], cache=cache, cache_size=7)
-  with pytest.raises(ValueError, match="needs cache_size"):
-    model.step(ids, None)
+    model = _model()
+    ids = jnp.zeros((1, 6), jnp.int32)
+    with pytest.raises(ValueError, match="cache_size=4"):
+        model.hidden(ids, cache_size=4)
+    _, cache = model.hidden(ids, cache_size=8)
+    with pytest.raises(ValueError, match="8 slots"):
+        model.hidden(ids[:, :1], cache=cache, cache_size=7)
+    with pytest.raises(ValueError, match="needs cache_size"):
+        model.step(ids, None)
 
 
 def test_blocked_causal_attention_matches_cache_path_and_reference():
-  """Cache-free prefill skips future key blocks (lora.model._causal_attention): same logits as the
-  cached path (full key range) and the float64 NumPy reference, with left padding and adapters."""
-  from lora import model as model_lib
-  t = 150
-  assert round(t / model_lib._CAUSAL_BLOCK) > 1  # the blocked path is what gets tested
-  model = _model()
-  _randomise_b(model)
-  graphdef, state = nnx.split(model)
-  ids = jnp.asarray(np.random.RandomState(1).randint(0, 128, (2, t)), jnp.int32)
-  mask = jnp.asarray(np.arange(t)[None] >= np.array([[20], [0]]))  # row 0 left-padded by 20
-  agents = jnp.array([1, -1])  # row 1: frozen base, comparable with the reference
-  blocked = np.asarray(_fwd(model, ids, attention_mask=mask, agent_ids=agents))
+    """Cache-free prefill skips future key blocks (lora.model._causal_attention): same logits as the
+    cached path (full key range) and the float64 NumPy reference, with left padding and adapters."""
+    from lora import model as model_lib
 
-  @jax.jit
-  def cached(state):
-    m = nnx.merge(graphdef, state)
-    h, _ = m.hidden(ids, attention_mask=mask, agent_ids=agents, cache=KVCache.init(m.cfg, 2, t))
-    return m.logits(h)
+    t = 150
+    assert round(t / model_lib._CAUSAL_BLOCK) > 1  # the blocked path is what gets tested
+    model = _model()
+    _randomise_b(model)
+    graphdef, state = nnx.split(model)
+    ids = jnp.asarray(np.random.RandomState(1).randint(0, 128, (2, t)), jnp.int32)
+    mask = jnp.asarray(np.arange(t)[None] >= np.array([[20], [0]]))  # row 0 left-padded by 20
+    agents = jnp.array([1, -1])  # row 1: frozen base, comparable with the reference
+    blocked = np.asarray(_fwd(model, ids, attention_mask=mask, agent_ids=agents))
 
-  via_cache = np.asarray(cached(state))
-  np.testing.assert_allclose(blocked[0, 20:], via_cache[0, 20:], atol=1e-5)
-  np.testing.assert_allclose(blocked[1], via_cache[1], atol=1e-5)
-  weights = {k: v.astype(np.float64) for k, v in export_hf_weights(model).items()}
-  ref = reference_logits(weights, model.cfg, np.asarray(ids[1:]))[0]
-  np.testing.assert_allclose(blocked[1], ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    @jax.jit
+    def cached(state):
+        m = nnx.merge(graphdef, state)
+        h, _ = m.hidden(ids, attention_mask=mask, agent_ids=agents, cache=KVCache.init(m.cfg, 2, t))
+        return m.logits(h)
+
+    via_cache = np.asarray(cached(state))
+    np.testing.assert_allclose(blocked[0, 20:], via_cache[0, 20:], atol=1e-5)
+    np.testing.assert_allclose(blocked[1], via_cache[1], atol=1e-5)
+    weights = {k: v.astype(np.float64) for k, v in export_hf_weights(model).items()}
+    ref = reference_logits(weights, model.cfg, np.asarray(ids[1:]))[0]
+    np.testing.assert_allclose(blocked[1], ref, rtol=0, atol=1e-4 * np.abs(ref).max())
 
 
 def test_fresh_adapters_equal_base_exactly(ids):
-  model = _model()  # B = 0 at init
-  base = _fwd(model, ids)
-  for agents in ([0, 1], [2, 2]):
-    np.testing.assert_array_equal(_fwd(model, ids, agent_ids=jnp.array(agents)), base)
+    model = _model()  # B = 0 at init
+    base = _fwd(model, ids)
+    for agents in ([0, 1], [2, 2]):
+        np.testing.assert_array_equal(_fwd(model, ids, agent_ids=jnp.array(agents)), base)
 
 
 def test_rows_use_their_own_adapter(ids):
-  model = _model()
-  _randomise_b(model)
-  mixed = _fwd(model, ids, agent_ids=jnp.array([2, 0]))
-  swapped = _fwd(model, ids[::-1], agent_ids=jnp.array([0, 2]))
-  base = _fwd(model, ids)
-  np.testing.assert_allclose(mixed, swapped[::-1], atol=1e-5)
-  single = _fwd(model, ids, agent_ids=jnp.array([2, 2]))
-  np.testing.assert_allclose(mixed[0], single[0], atol=1e-5)
-  assert not np.allclose(mixed[0], base[0], atol=1e-3)  # adapters do something
-  # id -1 = reference policy row in the same batch.
-  np.testing.assert_allclose(_fwd(model, ids, agent_ids=jnp.array([-1, 0]))[0], base[0], atol=1e-6)
+    model = _model()
+    _randomise_b(model)
+    mixed = _fwd(model, ids, agent_ids=jnp.array([2, 0]))
+    swapped = _fwd(model, ids[::-1], agent_ids=jnp.array([0, 2]))
+    base = _fwd(model, ids)
+    np.testing.assert_allclose(mixed, swapped[::-1], atol=1e-5)
+    single = _fwd(model, ids, agent_ids=jnp.array([2, 2]))
+    np.testing.assert_allclose(mixed[0], single[0], atol=1e-5)
+    assert not np.allclose(mixed[0], base[0], atol=1e-3)  # adapters do something
+    # id -1 = reference policy row in the same batch.
+    np.testing.assert_allclose(_fwd(model, ids, agent_ids=jnp.array([-1, 0]))[0], base[0], atol=1e-6)
 
 
 def test_training_mode_dropout_zero_is_bit_identical(ids):
-  model = _model(lora=LoRAConfig(num_adapters=2, rank=4, dropout=0.0))
-  _randomise_b(model)
-  mask = jnp.ones_like(ids, bool)
+    model = _model(lora=LoRAConfig(num_adapters=2, rank=4, dropout=0.0))
+    _randomise_b(model)
+    mask = jnp.ones_like(ids, bool)
 
-  def run(key):
-    graphdef, state = nnx.split(model)
-    return sampling.score(graphdef, state, ids[:, :5], mask[:, :5], ids[:, 5:], mask[:, 5:],
-                          jnp.array([0, 1]), dropout_key=key)
+    def run(key):
+        graphdef, state = nnx.split(model)
+        return sampling.score(
+            graphdef, state, ids[:, :5], mask[:, :5], ids[:, 5:], mask[:, 5:], jnp.array([0, 1]), dropout_key=key
+        )
 
-  np.testing.assert_array_equal(run(jax.random.key(0)), run(jax.random.key(1)))
-  np.testing.assert_array_equal(run(jax.random.key(0)), run(None))
-  # With dropout > 0 the key matters (and the same key reproduces).
-  model.blocks.q_proj.dropout = 0.5
-  np.testing.assert_array_equal(run(jax.random.key(0)), run(jax.random.key(0)))
-  assert not np.array_equal(run(jax.random.key(0)), run(jax.random.key(1)))
+    np.testing.assert_array_equal(run(jax.random.key(0)), run(jax.random.key(1)))
+    np.testing.assert_array_equal(run(jax.random.key(0)), run(None))
+    # With dropout > 0 the key matters (and the same key reproduces).
+    model.blocks.q_proj.dropout = 0.5
+    np.testing.assert_array_equal(run(jax.random.key(0)), run(jax.random.key(0)))
+    assert not np.array_equal(run(jax.random.key(0)), run(jax.random.key(1)))
 
 
 def test_gradient_reaches_only_the_rows_agent():
-  model = _model()
-  _randomise_b(model)
-  graphdef, adapters, base = split_model(model)
-  rng = np.random.RandomState(1)
-  prompt = jnp.asarray(rng.randint(0, 128, (4, 6)), jnp.int32)
-  cont = jnp.asarray(rng.randint(0, 128, (4, 3)), jnp.int32)
-  agents = jnp.array([1, 0, 1, 2])
-  ones = lambda x: jnp.ones_like(x, bool)
+    model = _model()
+    _randomise_b(model)
+    graphdef, adapters, base = split_model(model)
+    rng = np.random.RandomState(1)
+    prompt = jnp.asarray(rng.randint(0, 128, (4, 6)), jnp.int32)
+    cont = jnp.asarray(rng.randint(0, 128, (4, 3)), jnp.int32)
+    agents = jnp.array([1, 0, 1, 2])
+    ones = lambda x: jnp.ones_like(x, bool)
 
-  @jax.jit
-  def loss_fn(adapters):
-    m = nnx.merge(graphdef, adapters, base)
-    lp = sampling.continuation_logprobs(m, prompt, ones(prompt), cont, ones(cont), agent_ids=agents)
-    return -(lp.sum(axis=1) * (agents == 1)).sum()  # only agent 1's rows
+    @jax.jit
+    def loss_fn(adapters):
+        m = nnx.merge(graphdef, adapters, base)
+        lp = sampling.continuation_logprobs(m, prompt, ones(prompt), cont, ones(cont), agent_ids=agents)
+        return -(lp.sum(axis=1) * (agents == 1)).sum()  # only agent 1's rows
 
-  grads = jax.grad(loss_fn)(adapters)
-  for name, leaves in nnx.to_pure_dict(grads)["blocks"].items():
-    for kind in ("lora_a", "lora_b"):
-      g = np.asarray(leaves[kind])  # [L, N, ...]
-      assert np.abs(g[:, 1]).max() > 0, (name, kind)
-      assert np.all(g[:, 0] == 0) and np.all(g[:, 2] == 0), (name, kind)
-  # Optimizer state exists only for adapter leaves; the base is not copied per agent.
-  opt_state = optax.adam(1e-3).init(adapters)
-  n_adapter = len(jax.tree.leaves(adapters))
-  assert len(jax.tree.leaves(opt_state)) == 2 * n_adapter + 1  # mu, nu, count
-  assert base["blocks"]["q_proj"]["kernel"].shape == (2, 32, 32)  # no agent axis
+    grads = jax.grad(loss_fn)(adapters)
+    for name, leaves in nnx.to_pure_dict(grads)["blocks"].items():
+        for kind in ("lora_a", "lora_b"):
+            g = np.asarray(leaves[kind])  # [L, N, ...]
+            assert np.abs(g[:, 1]).max() > 0, (name, kind)
+            assert np.all(g[:, 0] == 0) and np.all(g[:, 2] == 0), (name, kind)
+    # Optimizer state exists only for adapter leaves; the base is not copied per agent.
+    opt_state = optax.adam(1e-3).init(adapters)
+    n_adapter = len(jax.tree.leaves(adapters))
+    assert len(jax.tree.leaves(opt_state)) == 2 * n_adapter + 1  # mu, nu, count
+    assert base["blocks"]["q_proj"]["kernel"].shape == (2, 32, 32)  # no agent axis
 
 
 def test_generate_scores_agree_and_prefix_cache_matches(ids):
-  model = _model()
-  _randomise_b(model)
-  graphdef, state = nnx.split(model)
-  mask = jnp.array([[0, 0] + [1] * 7, [1] * 9], bool)
-  agents = jnp.array([0, 2])
-  gen = sampling.generate(graphdef, state, ids, mask, jax.random.key(0), agents, 1.0,
-                          max_new_tokens=4, eos_ids=(5,))
-  scored = sampling.score(graphdef, state, ids, mask, gen.tokens, gen.mask, agents)
-  np.testing.assert_allclose(scored, gen.logprobs, atol=1e-5)
-  # A batch-1 prefix computed once and broadcast == recomputing it per row (reference policy).
-  prefix = ids[:1, :4]
-  cache = sampling.prefill_prefix(graphdef, state, prefix).broadcast(2)
-  suffix = ids[:, 4:]
-  a = sampling.generate(graphdef, state, suffix, jnp.ones_like(suffix, bool), jax.random.key(3),
-                        None, 0.0, cache, max_new_tokens=4)
-  full = jnp.concatenate([jnp.repeat(prefix, 2, 0), suffix], 1)
-  b = sampling.generate(graphdef, state, full, jnp.ones_like(full, bool), jax.random.key(3),
-                        None, 0.0, max_new_tokens=4)
-  np.testing.assert_array_equal(a.tokens, b.tokens)
-  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    model = _model()
+    _randomise_b(model)
+    graphdef, state = nnx.split(model)
+    mask = jnp.array([[0, 0] + [1] * 7, [1] * 9], bool)
+    agents = jnp.array([0, 2])
+    gen = sampling.generate(graphdef, state, ids, mask, jax.random.key(0), agents, 1.0, max_new_tokens=4, eos_ids=(5,))
+    scored = sampling.score(graphdef, state, ids, mask, gen.tokens, gen.mask, agents)
+    np.testing.assert_allclose(scored, gen.logprobs, atol=1e-5)
+    # A batch-1 prefix computed once and broadcast == recomputing it per row (reference policy).
+    prefix = ids[:1, :4]
+    cache = sampling.prefill_prefix(graphdef, state, prefix).broadcast(2)
+    suffix = ids[:, 4:]
+    a = sampling.generate(
+        graphdef, state, suffix, jnp.ones_like(suffix, bool), jax.random.key(3), None, 0.0, cache, max_new_tokens=4
+    )
+    full = jnp.concatenate([jnp.repeat(prefix, 2, 0), suffix], 1)
+    b = sampling.generate(
+        graphdef, state, full, jnp.ones_like(full, bool), jax.random.key(3), None, 0.0, max_new_tokens=4
+    )
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
 def test_generate_stops_rows_at_end_tokens_like_a_token_by_token_loop(ids):
-  """Greedy ``generate`` equals a by-hand loop of ``sampling.step`` calls; a row that emits an end
-  token gets pad / log-prob 0 / mask False after it, and the others run to the M-token budget."""
-  model = _model()
-  _randomise_b(model)
-  graphdef, state = nnx.split(model)
-  agents, m = jnp.array([1, 0]), 6
-  logits, cache = jax.jit(lambda s, i: nnx.merge(graphdef, s).step(i, None, agent_ids=agents,
-                                                                     cache_size=9 + m))(state, ids)
-  greedy, logps = [], []
-  for _ in range(m):
-    tok = jnp.argmax(logits, -1).astype(jnp.int32)
-    greedy.append(np.asarray(tok))
-    logps.append(np.asarray(jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], 1)[:, 0]))
-    logits, cache = sampling.step(graphdef, state, tok[:, None], cache, agent_ids=agents)
-  greedy, logps = np.stack(greedy, 1), np.stack(logps, 1)
-  end = int(greedy[0, 2])  # row 0 ends at its third token
-  gen = sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0),
-                          agents, 0.0, max_new_tokens=m, eos_ids=(end,), pad_id=-7)
-  stop0 = int(np.argmax(greedy[0] == end)) + 1
-  np.testing.assert_array_equal(gen.tokens[0], list(greedy[0, :stop0]) + [-7] * (m - stop0))
-  np.testing.assert_array_equal(gen.mask[0], [True] * stop0 + [False] * (m - stop0))
-  np.testing.assert_allclose(gen.logprobs[0, :stop0], logps[0, :stop0], atol=1e-5)
-  assert not np.asarray(gen.logprobs[0, stop0:]).any()
-  stop1 = int(np.argmax(greedy[1] == end)) + 1 if end in greedy[1] else m
-  np.testing.assert_array_equal(gen.tokens[1, :stop1], greedy[1, :stop1])
-  assert int(gen.mask[1].sum()) == stop1
-  one = sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0),
-                          agents, 0.0, max_new_tokens=1, eos_ids=(end,))  # no cache written
-  np.testing.assert_array_equal(one.tokens[:, 0], greedy[:, 0])
-  np.testing.assert_allclose(one.logprobs[:, 0], logps[:, 0], atol=1e-5)
-  with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
-    sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0),
-                      max_new_tokens=0)
+    """Greedy ``generate`` equals a by-hand loop of ``sampling.step`` calls; a row that emits an end
+    token gets pad / log-prob 0 / mask False after it, and the others run to the M-token budget."""
+    model = _model()
+    _randomise_b(model)
+    graphdef, state = nnx.split(model)
+    agents, m = jnp.array([1, 0]), 6
+    logits, cache = jax.jit(lambda s, i: nnx.merge(graphdef, s).step(i, None, agent_ids=agents, cache_size=9 + m))(
+        state, ids
+    )
+    greedy, logps = [], []
+    for _ in range(m):
+        tok = jnp.argmax(logits, -1).astype(jnp.int32)
+        greedy.append(np.asarray(tok))
+        logps.append(np.asarray(jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], 1)[:, 0]))
+        logits, cache = sampling.step(graphdef, state, tok[:, None], cache, agent_ids=agents)
+    greedy, logps = np.stack(greedy, 1), np.stack(logps, 1)
+    end = int(greedy[0, 2])  # row 0 ends at its third token
+    gen = sampling.generate(
+        graphdef,
+        state,
+        ids,
+        jnp.ones_like(ids, bool),
+        jax.random.key(0),
+        agents,
+        0.0,
+        max_new_tokens=m,
+        eos_ids=(end,),
+        pad_id=-7,
+    )
+    stop0 = int(np.argmax(greedy[0] == end)) + 1
+    np.testing.assert_array_equal(gen.tokens[0], list(greedy[0, :stop0]) + [-7] * (m - stop0))
+    np.testing.assert_array_equal(gen.mask[0], [True] * stop0 + [False] * (m - stop0))
+    np.testing.assert_allclose(gen.logprobs[0, :stop0], logps[0, :stop0], atol=1e-5)
+    assert not np.asarray(gen.logprobs[0, stop0:]).any()
+    stop1 = int(np.argmax(greedy[1] == end)) + 1 if end in greedy[1] else m
+    np.testing.assert_array_equal(gen.tokens[1, :stop1], greedy[1, :stop1])
+    assert int(gen.mask[1].sum()) == stop1
+    one = sampling.generate(
+        graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0), agents, 0.0, max_new_tokens=1, eos_ids=(end,)
+    )  # no cache written
+    np.testing.assert_array_equal(one.tokens[:, 0], greedy[:, 0])
+    np.testing.assert_allclose(one.logprobs[:, 0], logps[:, 0], atol=1e-5)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+        sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0), max_new_tokens=0)
 
 
 def test_bfloat16_runs_and_returns_float32(ids):
-  model = Decoder(ModelConfig.tiny("qwen3"), LoRAConfig(num_adapters=2, rank=4),
-                  dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
-  out = _fwd(model, ids, agent_ids=jnp.array([0, 1]))
-  assert out.dtype == jnp.float32 and np.isfinite(np.asarray(out)).all()
+    model = Decoder(ModelConfig.tiny("qwen3"), LoRAConfig(num_adapters=2, rank=4), dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    out = _fwd(model, ids, agent_ids=jnp.array([0, 1]))
+    assert out.dtype == jnp.float32 and np.isfinite(np.asarray(out)).all()
 
 
 def test_config_validation():
-  with pytest.raises(ValueError, match="unsupported architecture"):
-    ModelConfig.tiny("gpt_neox")
-  with pytest.raises(ValueError, match="unknown LoRA targets"):
-    LoRAConfig(targets=("qkv",))
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        ModelConfig.tiny("gpt_neox")
+    with pytest.raises(ValueError, match="unknown LoRA targets"):
+        LoRAConfig(targets=("qkv",))

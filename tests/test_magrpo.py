@@ -8,7 +8,6 @@ import pytest
 
 from jaxopt_marl import magrpo
 
-
 # --------------------------------------------------------------------------------------------------
 # Advantages.
 # --------------------------------------------------------------------------------------------------
@@ -22,15 +21,17 @@ def test_grpo_advantage_hand_values():
     np.testing.assert_allclose(adv, [0.0, -math.sqrt(1.5), math.sqrt(1.5)], rtol=1e-6)
     assert adv[0] == 0.0
     # Sample std (ddof = 1): var = 2/2 = 1, so A = centred = [0, -1, 1].
-    np.testing.assert_allclose(magrpo.group_relative_advantage(jnp.array([1.0, 0.0, 2.0]), ddof=1),
-                               [0.0, -1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        magrpo.group_relative_advantage(jnp.array([1.0, 0.0, 2.0]), ddof=1), [0.0, -1.0, 1.0], rtol=1e-6
+    )
     # Population convention: zero mean and unit RMS.
     adv = np.asarray(magrpo.group_relative_advantage(jnp.array([3.0, 7.0, 7.0, 19.0])), np.float64)
-    assert abs(adv.mean()) < 1e-6 and abs(np.sqrt((adv ** 2).mean()) - 1.0) < 1e-6
+    assert abs(adv.mean()) < 1e-6 and abs(np.sqrt((adv**2).mean()) - 1.0) < 1e-6
 
 
-@pytest.mark.parametrize("returns", [[0.1, 0.1, 0.1], [0.0, 0.0, 0.0, 0.0], [7.3] * 6, [1e30] * 4,
-                                     [0.3, 0.3, 0.3, 0.3, 0.3]])
+@pytest.mark.parametrize(
+    "returns", [[0.1, 0.1, 0.1], [0.0, 0.0, 0.0, 0.0], [7.3] * 6, [1e30] * 4, [0.3, 0.3, 0.3, 0.3, 0.3]]
+)
 @pytest.mark.parametrize("name", ["grpo", "group_mean"])
 def test_zero_spread_cohort_gives_exact_zeros(returns, name):
     r = jnp.asarray(returns, jnp.float32)
@@ -54,8 +55,7 @@ def test_tiny_spread_below_eps_and_batched_cohorts():
     adv = np.asarray(magrpo.group_relative_advantage(r))
     assert np.all(adv[0] == 0.0)
     # [0, 1, 0]: mean 1/3, std sqrt(2)/3 -> A = [-1/sqrt(2), sqrt(2), -1/sqrt(2)].
-    np.testing.assert_allclose(adv[1], [-1 / math.sqrt(2), math.sqrt(2), -1 / math.sqrt(2)],
-                               rtol=1e-6)
+    np.testing.assert_allclose(adv[1], [-1 / math.sqrt(2), math.sqrt(2), -1 / math.sqrt(2)], rtol=1e-6)
 
 
 def test_decision_advantages_broadcast():
@@ -126,14 +126,16 @@ def test_ppo_clip_and_kl_pieces():
 
 def test_empty_agent_and_padding_give_zero_loss_and_gradient():
     import jax
+
     new = jnp.array([-1.0, jnp.nan, -2.0])
     old = jnp.array([-1.2, jnp.nan, -2.0])
     valid = jnp.array([True, False, True])
     groups = jnp.array([0, 2, 0])
 
     def f(new):
-        loss, m = magrpo.magrpo_loss(new, old, old, jnp.array([1.0, 5.0, -1.0]), valid, groups, 3,
-                                     clip_eps=0.2, kl_beta=0.05)
+        loss, m = magrpo.magrpo_loss(
+            new, old, old, jnp.array([1.0, 5.0, -1.0]), valid, groups, 3, clip_eps=0.2, kl_beta=0.05
+        )
         return loss, m
 
     (loss, m), g = jax.value_and_grad(f, has_aux=True)(new)
@@ -162,8 +164,14 @@ def test_registry():
 
 def test_config_presets_and_validation():
     c = magrpo.MAGRPOConfig.paper("cleanup")
-    assert (c.learning_rate, c.num_rollouts, c.temperature, c.clip_eps, c.epochs,
-            c.max_grad_norm) == (5e-5, 4, 0.7, 0.2, 2, 1.0)
+    assert (c.learning_rate, c.num_rollouts, c.temperature, c.clip_eps, c.epochs, c.max_grad_norm) == (
+        5e-5,
+        4,
+        0.7,
+        0.2,
+        2,
+        1.0,
+    )
     o = magrpo.MAGRPOConfig.paper("overcooked_aa")
     assert (o.learning_rate, o.num_rollouts, o.temperature, o.kl_beta) == (2e-5, 6, 0.9, 0.05)
     assert magrpo.MAGRPOConfig(epochs=3, num_minibatches=2).steps_per_round == 6

@@ -34,8 +34,11 @@ def example_state(env):
     """The paper's worked example: player at (x, y) = (1, 1), holding an onion, pots empty."""
     _, s = env.reset(jax.random.PRNGKey(0))
     a = s.core.agents
-    agents = a.replace(pos=a.pos.replace(x=a.pos.x.at[0].set(1), y=a.pos.y.at[0].set(1)),
-                       dir=a.dir.at[0].set(3), inventory=a.inventory.at[0].set(4))
+    agents = a.replace(
+        pos=a.pos.replace(x=a.pos.x.at[0].set(1), y=a.pos.y.at[0].set(1)),
+        dir=a.dir.at[0].set(3),
+        inventory=a.inventory.at[0].set(4),
+    )
     return s.replace(core=s.core.replace(agents=agents))
 
 
@@ -48,8 +51,12 @@ def test_menu_matches_worked_example(setup):
     assert lines[0] == "Action menu:"
     assert lines[1].startswith("A) ")
     body = {ln[3:] for ln in lines[1:]}
-    for want in ("place held item in pot @ (4, 2)", "place held item in pot @ (4, 3)",
-                 "drop held item on counter @ (1, 0)", "drop held item on counter @ (2, 1)"):
+    for want in (
+        "place held item in pot @ (4, 2)",
+        "place held item in pot @ (4, 3)",
+        "drop held item on counter @ (1, 0)",
+        "drop held item on counter @ (2, 1)",
+    ):
         assert want in body
     assert not any(ln.startswith(("start cooking", "pick onion", "deliver", "pick up")) for ln in body)
     letters = [ln[0] for ln in lines[1:]]
@@ -61,8 +68,9 @@ def test_live_nopath_hides_unreachable_serving_only(setup):
     _, s = env.reset(jax.random.PRNGKey(0))
     inst, feats, live, shown = menus.feasibility(lib, guards, s, 1)
     d = lib.option_id("deliver")
-    tg = {tuple(t): bool(sh) for t, o, sh in zip(np.asarray(inst.target).tolist(), np.asarray(inst.opt), shown)
-          if o == d}
+    tg = {
+        tuple(t): bool(sh) for t, o, sh in zip(np.asarray(inst.target).tolist(), np.asarray(inst.opt), shown) if o == d
+    }
     assert tg == {(1, 3): False, (1, 8): True}
     # start_cooking hidden on the empty pots by the inferred guard
     sc = np.asarray(inst.opt) == lib.option_id("start_cooking")

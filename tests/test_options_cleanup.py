@@ -9,11 +9,11 @@ import envs_jax
 from envs_jax import meltingpot as mp
 from envs_jax.cleanup import Cleanup
 from jaxopt_marl import burnin
-from jaxopt_marl.options import get_library
 from jaxopt_marl.options import cleanup as cuopt
+from jaxopt_marl.options import get_library
 from jaxopt_marl.options.base import NO_PATH, NO_REASON, TARGET_ABSENT
-from tests.helpers import cell_grid, option_fixtures, run_option, scripted_state
 from jaxopt_marl.options.meltingpot_common import TARGET_CAP, WAIT_STEPS
+from tests.helpers import cell_grid, option_fixtures, run_option, scripted_state
 
 N, E, S, W = mp.NORTH, mp.EAST, mp.SOUTH, mp.WEST
 
@@ -129,17 +129,17 @@ def test_instances_cap_and_visibility(env, lib):
     # Facing N at (4, 5): the orchard (2-3 rows behind) is out of view; the dirty row 1 is in view.
     s = scripted(env, {0: ((4, 5), N), 1: ((3, 1), N)}, apples=orchard)
     inst = lib.instances(s, 0)
-    assert not np.asarray(inst.valid[e0:e0 + TARGET_CAP]).any()
+    assert not np.asarray(inst.valid[e0 : e0 + TARGET_CAP]).any()
     # dirt by path distance 3, 4, 4, 5, 5, 6; ties row-major
-    assert np.asarray(inst.target[c0:c0 + TARGET_CAP]).tolist() == [[1, 5], [1, 4], [1, 6], [1, 3], [1, 7], [1, 2]]
+    assert np.asarray(inst.target[c0 : c0 + TARGET_CAP]).tolist() == [[1, 5], [1, 4], [1, 6], [1, 3], [1, 7], [1, 2]]
     # Facing S: 18 visible apples, capped at the 6 nearest: distance 2, 3, 3, 3, 4, 4 (ties row-major).
     s = scripted(env, {0: ((4, 5), S), 1: ((3, 1), N)}, apples=orchard)
     inst = lib.instances(s, 0)
-    assert np.asarray(inst.valid[e0:e0 + TARGET_CAP]).all()
-    assert np.asarray(inst.target[e0:e0 + TARGET_CAP]).tolist() == [[6, 5], [6, 4], [6, 6], [7, 5], [6, 3], [6, 7]]
-    assert not np.asarray(inst.valid[c0:c0 + TARGET_CAP]).any()  # the river is behind (row 3 only)
+    assert np.asarray(inst.valid[e0 : e0 + TARGET_CAP]).all()
+    assert np.asarray(inst.target[e0 : e0 + TARGET_CAP]).tolist() == [[6, 5], [6, 4], [6, 6], [7, 5], [6, 3], [6, 7]]
+    assert not np.asarray(inst.valid[c0 : c0 + TARGET_CAP]).any()  # the river is behind (row 3 only)
     f = np.asarray(lib.features(s, 0, inst))
-    assert (f[e0:e0 + TARGET_CAP, cuopt.F_TGT_APPLE] == cuopt.V_YES).all()
+    assert (f[e0 : e0 + TARGET_CAP, cuopt.F_TGT_APPLE] == cuopt.V_YES).all()
     assert (f[:, cuopt.F_REGION] == cuopt.R_BANK).all()
     # 9 dirty (row 1) of 18 dirt-capable cells: d = 0.5 >= 0.4 -> dirt_level high
     assert (f[:, cuopt.F_DIRT_LEVEL] == 2).all()
@@ -185,8 +185,9 @@ def test_wait_and_removed_agent(env, lib):
     gone = s.replace(alive=s.alive.at[0].set(False))
     a, drained, _ = lib.act(gone, 0, ex)
     assert int(a) == mp.NOOP and bool(drained)
-    assert not bool(lib.effect(cuopt.EAT_APPLE, lib.snapshot(s, 0, jnp.array([6, 5])),
-                               lib.snapshot(gone, 0, jnp.array([6, 5]))))
+    assert not bool(
+        lib.effect(cuopt.EAT_APPLE, lib.snapshot(s, 0, jnp.array([6, 5])), lib.snapshot(gone, 0, jnp.array([6, 5])))
+    )
     assert not bool(lib.present(gone)[0])
 
 

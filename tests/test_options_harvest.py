@@ -13,9 +13,9 @@ from jaxopt_marl import burnin
 from jaxopt_marl.options import get_library
 from jaxopt_marl.options import harvest as hvopt
 from jaxopt_marl.options.base import NO_PATH, NO_REASON, TARGET_ABSENT
+from jaxopt_marl.options.meltingpot_common import TARGET_CAP
 from tests.helpers import option_fixtures, run_option
 from tests.helpers import scripted_state as scripted  # apples=None: the map's
-from jaxopt_marl.options.meltingpot_common import TARGET_CAP
 
 N, E, S, W = mp.NORTH, mp.EAST, mp.SOUTH, mp.WEST
 
@@ -102,7 +102,7 @@ def test_explicit_failures():
     assert start("go_to_patch", (-1, -1)) == TARGET_ABSENT
     inst = lib.instances(s, 0)
     p0 = lib.slot_start[hvopt.GO_TO_PATCH]
-    assert np.asarray(lib.live_reason(s, 0, inst))[p0:p0 + 2].tolist() == [NO_REASON, NO_PATH]
+    assert np.asarray(lib.live_reason(s, 0, inst))[p0 : p0 + 2].tolist() == [NO_REASON, NO_PATH]
 
 
 def test_instances_and_features(env, lib):
@@ -110,27 +110,30 @@ def test_instances_and_features(env, lib):
     # Facing S at (6, 4): every apple (rows 1-4) is 2+ rows behind -> no eat instance; patches always listed.
     s = scripted(env, {0: ((6, 4), S), 1: ((7, 8), N)})
     inst = lib.instances(s, 0)
-    assert not np.asarray(inst.valid[e0:e0 + TARGET_CAP]).any()
-    assert np.asarray(inst.valid[p0:p0 + 2]).all()
-    assert np.asarray(inst.target[p0:p0 + 2]).tolist() == [[2, 2], [3, 6]]
+    assert not np.asarray(inst.valid[e0 : e0 + TARGET_CAP]).any()
+    assert np.asarray(inst.valid[p0 : p0 + 2]).all()
+    assert np.asarray(inst.target[p0 : p0 + 2]).tolist() == [[2, 2], [3, 6]]
     # Facing N at (5, 4): all 11 apples visible, capped at the 6 nearest by path distance (open floor: the
     # Manhattan distance), ties row-major: (3,5) 3, (4,6) 3, (3,6) 4, then of the five at 5 -- (1,3), (2,2),
     # (2,6), (3,1), (3,7) -- the first three.
     s = scripted(env, {0: ((5, 4), N), 1: ((7, 8), N)})
     inst = lib.instances(s, 0)
-    assert np.asarray(inst.target[e0:e0 + TARGET_CAP]).tolist() == [[3, 5], [4, 6], [3, 6], [1, 3], [2, 2], [2, 6]]
+    assert np.asarray(inst.target[e0 : e0 + TARGET_CAP]).tolist() == [[3, 5], [4, 6], [3, 6], [1, 3], [2, 2], [2, 6]]
     f = np.asarray(lib.features(s, 0, inst))
-    assert (f[e0:e0 + TARGET_CAP, 0] == hvopt.V_YES).all()
-    assert (f[e0:e0 + TARGET_CAP, 1] == hvopt.V_NO).all()  # the agent stands on no patch
+    assert (f[e0 : e0 + TARGET_CAP, 0] == hvopt.V_YES).all()
+    assert (f[e0 : e0 + TARGET_CAP, 1] == hvopt.V_NO).all()  # the agent stands on no patch
     many = hvopt.PATCH_APPLES_VALUES.index("many")
-    assert f[p0:p0 + 2, 2].tolist() == [many, many] and (f[p0:p0 + 2, 0] == hvopt.V_NA).all()
+    assert f[p0 : p0 + 2, 2].tolist() == [many, many] and (f[p0 : p0 + 2, 0] == hvopt.V_NA).all()
     # the last apple of patch 1 -> "one"; patch 0 empty -> "none"; standing in patch 1 -> in_tgt_patch yes
     s = scripted(env, {0: ((3, 5), N), 1: ((7, 8), N)}, apples=[(2, 6)])
     inst = lib.instances(s, 0)
     f = np.asarray(lib.features(s, 0, inst))
     assert f[e0].tolist() == [hvopt.V_YES, hvopt.V_YES, hvopt.PATCH_APPLES_VALUES.index("one")]
-    assert f[p0:p0 + 2, 1].tolist() == [hvopt.V_NO, hvopt.V_YES]
-    assert f[p0:p0 + 2, 2].tolist() == [hvopt.PATCH_APPLES_VALUES.index("none"), hvopt.PATCH_APPLES_VALUES.index("one")]
+    assert f[p0 : p0 + 2, 1].tolist() == [hvopt.V_NO, hvopt.V_YES]
+    assert f[p0 : p0 + 2, 2].tolist() == [
+        hvopt.PATCH_APPLES_VALUES.index("none"),
+        hvopt.PATCH_APPLES_VALUES.index("one"),
+    ]
     assert f[-1].tolist() == [hvopt.V_NA, hvopt.V_NA, hvopt.PA_NA]  # wait
 
 
@@ -142,8 +145,9 @@ def test_apple_eaten_by_partner_is_not_credited(env, lib):
     assert actions[-1] == mp.NOOP and not ok
     # delta form: a second apple eaten on the way to a target is not the promised one
     pre = lib.snapshot(s, 0, jnp.array([1, 1]))
-    post = lib.snapshot(s.replace(ate=s.ate.at[0].set(1), apples_total=s.apples_total.at[0].add(1)), 0,
-                        jnp.array([1, 1]))
+    post = lib.snapshot(
+        s.replace(ate=s.ate.at[0].set(1), apples_total=s.apples_total.at[0].add(1)), 0, jnp.array([1, 1])
+    )
     assert not bool(lib.effect(hvopt.EAT_APPLE, pre, post))  # not on the target
 
 

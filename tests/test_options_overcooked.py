@@ -9,8 +9,8 @@ import envs_jax
 from envs_jax import overcooked as oc
 from jaxopt_marl import macro
 from jaxopt_marl.options import get_library
-from jaxopt_marl.options.base import NO_PATH, NO_REASON, NOTHING_HELD, TARGET_ABSENT
 from jaxopt_marl.options import overcooked as ocopt
+from jaxopt_marl.options.base import NO_PATH, NO_REASON, NOTHING_HELD, TARGET_ABSENT
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_SUCCESS
 from tests.helpers import drive_option, option_fixtures
 
@@ -51,8 +51,17 @@ def run_option(env, lib, state, aid, name, target, max_steps=40):
 
 
 def test_vocabulary_and_slots(lib):
-    assert lib.option_names == ("pick_onion", "pick_dish", "place_in_pot", "start_cooking", "plate_soup",
-                                "deliver", "drop_held", "pick_from_counter", "wait")
+    assert lib.option_names == (
+        "pick_onion",
+        "pick_dish",
+        "place_in_pot",
+        "start_cooking",
+        "plate_soup",
+        "deliver",
+        "drop_held",
+        "pick_from_counter",
+        "wait",
+    )
     assert lib.reasons == ("TargetAbsent", "NoPath", "NothingHeld")
     assert lib.feature_names == ("held", "tgt_pot_state", "tgt_item")
     assert lib.solo_only["start_cooking"] and not lib.solo_only["place_in_pot"]
@@ -106,10 +115,10 @@ def test_counter_instances_are_nearest_free_and_occupied(env, lib):
     s = scripted(env, {0: ((1, 1), "W", ONION)})
     inst = lib.instances(s, 0)
     d0 = lib.slot_start[lib.option_id("drop_held")]
-    drops = {tuple(t) for t in np.asarray(inst.target[d0:d0 + 3]).tolist()}
+    drops = {tuple(t) for t in np.asarray(inst.target[d0 : d0 + 3]).tolist()}
     assert {(0, 1), (1, 2)} <= drops  # the two counters next to (1, 1) (paper example: (1, 0), (2, 1) in x, y)
     p0 = lib.slot_start[lib.option_id("pick_from_counter")]
-    assert not np.asarray(inst.valid[p0:p0 + 3]).any()  # no item on any counter
+    assert not np.asarray(inst.valid[p0 : p0 + 3]).any()  # no item on any counter
 
 
 def test_defect1_delta_form_pick_onion_while_holding_onion(env):

@@ -68,15 +68,37 @@ def _run(env, state, actions0):
     [
         (
             AA,
-            [(2, 4), (3, 4)], [(1, 0), (1, 5)], [(4, 3), (4, 5)], [(1, 3), (1, 8)], [(3, 2), (3, 5)],
+            [(2, 4), (3, 4)],
+            [(1, 0), (1, 5)],
+            [(4, 3), (4, 5)],
+            [(1, 3), (1, 8)],
+            [(3, 2), (3, 5)],
             # left kitchen (1,1),(2,1..3),(3,1..3); right kitchen (1,7),(2,5..7),(3,5..7)
-            {(1, 1), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3),
-             (1, 7), (2, 5), (2, 6), (2, 7), (3, 5), (3, 6), (3, 7)},
+            {
+                (1, 1),
+                (2, 1),
+                (2, 2),
+                (2, 3),
+                (3, 1),
+                (3, 2),
+                (3, 3),
+                (1, 7),
+                (2, 5),
+                (2, 6),
+                (2, 7),
+                (3, 5),
+                (3, 6),
+                (3, 7),
+            },
         ),
         (
             FC,
             # agent_0 on the left (onion/plate) side as in spec §3.1; V2's own order is reversed.
-            [(0, 3), (1, 4)], [(1, 0), (2, 0)], [(3, 0)], [(4, 3)], [(2, 1), (1, 3)],
+            [(0, 3), (1, 4)],
+            [(1, 0), (2, 0)],
+            [(3, 0)],
+            [(4, 3)],
+            [(2, 1), (1, 3)],
             {(1, 1), (2, 1), (3, 1), (1, 3), (2, 3), (3, 3)},
         ),
     ],
@@ -94,7 +116,11 @@ def test_layout_facts(env, pots, onions, plates, serving, starts, floor):
     assert env.held_items(state).tolist() == [ITEM_NONE, ITEM_NONE]
     assert env.pots(state).phase.tolist() == [POT_EMPTY] * len(pots)
     assert {k: int(v) for k, v in env.world_stats(state).items()} == {
-        "deliveries": 0, "onions_in_pots": 0, "soups_cooking": 0, "soups_ready": 0, "items_on_counters": 0,
+        "deliveries": 0,
+        "onions_in_pots": 0,
+        "soups_cooking": 0,
+        "soups_ready": 0,
+        "items_on_counters": 0,
     }
     assert env.action_space("agent_0").n == 6
     assert env.observation_space().shape == (info.height, info.width, 30)

@@ -19,8 +19,8 @@ import tests.test_parsing as host_tests
 from jaxopt_marl import parse_device as pd
 from jaxopt_marl import parsing
 
-BATCH, WIDTH = 128, 512          # text rows: bytes per row
-TOKEN_BATCH, TOKENS = 64, 12     # token rows: tokens per row (the rollout's M)
+BATCH, WIDTH = 128, 512  # text rows: bytes per row
+TOKEN_BATCH, TOKENS = 64, 12  # token rows: tokens per row (the rollout's M)
 EOS = "<|im_end|>"
 
 _parse_rows = jax.jit(jax.vmap(pd.parse))
@@ -39,27 +39,27 @@ def device(texts, n_letters, lengths=None):
     n = the text's length in bytes unless ``lengths`` says otherwise."""
     out_r, out_l = [], []
     for lo in range(0, len(texts), BATCH):
-        chunk = texts[lo:lo + BATCH]
+        chunk = texts[lo : lo + BATCH]
         bufs = np.zeros((BATCH, WIDTH), np.uint8)
         lens = np.zeros(BATCH, np.int32)
         for i, t in enumerate(chunk):
             b = t.encode("utf-8") if isinstance(t, str) else t
             assert len(b) <= WIDTH, len(b)
-            bufs[i, :len(b)] = np.frombuffer(b, np.uint8)
+            bufs[i, : len(b)] = np.frombuffer(b, np.uint8)
             lens[i] = len(b) if lengths is None else lengths[lo + i]
         ks = np.zeros(BATCH, np.int32)
-        ks[:len(chunk)] = n_letters[lo:lo + BATCH]
-        r, l = _parse_rows(jnp.asarray(bufs), jnp.asarray(lens), jnp.asarray(ks))
-        out_r.append(np.asarray(r)[:len(chunk)])
-        out_l.append(np.asarray(l)[:len(chunk)])
+        ks[: len(chunk)] = n_letters[lo : lo + BATCH]
+        r, let = _parse_rows(jnp.asarray(bufs), jnp.asarray(lens), jnp.asarray(ks))
+        out_r.append(np.asarray(r)[: len(chunk)])
+        out_l.append(np.asarray(let)[: len(chunk)])
     return np.concatenate(out_r), np.concatenate(out_l)
 
 
 def assert_agree(texts, n_letters):
     """Asserts device == host on every (text, n_letters); returns the host outcomes."""
-    r, l = device(texts, n_letters)
+    r, let = device(texts, n_letters)
     expected = [host(t, k) for t, k in zip(texts, n_letters)]
-    bad = [(t, k, (int(a), int(b)), e) for t, k, a, b, e in zip(texts, n_letters, r, l, expected) if (a, b) != e]
+    bad = [(t, k, (int(a), int(b)), e) for t, k, a, b, e in zip(texts, n_letters, r, let, expected) if (a, b) != e]
     assert not bad, f"{len(bad)}/{len(texts)} differ, e.g. (text, n_letters, device, host): {bad[:5]}"
     return expected
 
@@ -68,34 +68,203 @@ def assert_agree(texts, n_letters):
 # Generators: contract-like ASCII text rich in near-misses.
 # ---------------------------------------------------------------------------------------------------------
 
-FRAGMENTS = ["choice", "Choice", "CHOICE", "answer", "final answer", "my choice is", "option", "action",
-             "selection", "state:", "State", "state =", ":", "=", "-", "(", ")", "[", "]", "{", "}", '"', "'",
-             "*", "**", "`", "__", "_", "#", ">", "<", "+", ".", "<think>", "</think>", "<THINK>", "</Think>",
-             " or ", " and ", " OR ", ",", "/", "|", "&", "I'll", "I'm", "I think", "I will", "I", "i",
-             " is ", "is", "a clean", "a", "A", "B", "b", "C", "c", "D", "Z", "z", "E", "0", "7", " ", "  ", "\t",
-             "\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\x00", "clean dirt",
-             "because", "so"]
+FRAGMENTS = [
+    "choice",
+    "Choice",
+    "CHOICE",
+    "answer",
+    "final answer",
+    "my choice is",
+    "option",
+    "action",
+    "selection",
+    "state:",
+    "State",
+    "state =",
+    ":",
+    "=",
+    "-",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    '"',
+    "'",
+    "*",
+    "**",
+    "`",
+    "__",
+    "_",
+    "#",
+    ">",
+    "<",
+    "+",
+    ".",
+    "<think>",
+    "</think>",
+    "<THINK>",
+    "</Think>",
+    " or ",
+    " and ",
+    " OR ",
+    ",",
+    "/",
+    "|",
+    "&",
+    "I'll",
+    "I'm",
+    "I think",
+    "I will",
+    "I",
+    "i",
+    " is ",
+    "is",
+    "a clean",
+    "a",
+    "A",
+    "B",
+    "b",
+    "C",
+    "c",
+    "D",
+    "Z",
+    "z",
+    "E",
+    "0",
+    "7",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1d",
+    "\x1e",
+    "\x1f",
+    "\x00",
+    "clean dirt",
+    "because",
+    "so",
+]
 LEADS = ["", "", "- ", "> ", "### ", "+ ", "  ", "**", "`", "-", "#", "\t"]
-KEYWORDS = ["choice", "Choice", "CHOICE", "answer", "Answer", "final answer", "Final Answer", "my choice",
-            "My choice is", "option", "action", "selection", "choices", "achoice", "choice_", "state",
-            "finalchoice"]
-CONNECTORS = ["", ":", ": ", " : ", "=", " = ", " - ", "-", " is ", " is: ", "is", " island ", ":**", "** :",
-              "::", " -- "]
-OPENERS = ["", "", "(", "[", "{", '"', "'", "<", "_", "( ", "**", "`", "__", "[\"", "(("]
+KEYWORDS = [
+    "choice",
+    "Choice",
+    "CHOICE",
+    "answer",
+    "Answer",
+    "final answer",
+    "Final Answer",
+    "my choice",
+    "My choice is",
+    "option",
+    "action",
+    "selection",
+    "choices",
+    "achoice",
+    "choice_",
+    "state",
+    "finalchoice",
+]
+CONNECTORS = [
+    "",
+    ":",
+    ": ",
+    " : ",
+    "=",
+    " = ",
+    " - ",
+    "-",
+    " is ",
+    " is: ",
+    "is",
+    " island ",
+    ":**",
+    "** :",
+    "::",
+    " -- ",
+]
+OPENERS = ["", "", "(", "[", "{", '"', "'", "<", "_", "( ", "**", "`", "__", '["', "(("]
 LETTERS = list("ABCDEIZabcdiz") + ["", "AB", "1", "I", "I", "Q"]
 CLOSERS = ["", "", ")", "]", "}", '"', "'", ">", ".", ":", "_", ")", "**", "`", ").", "1", "x", " "]
-TAILS = ["", "", " or C", " or b", ", C", ", B", "/C", "/b", " | D", " & A", " and B", " and the", " or", " orC",
-         " clean dirt", " think so", "'ll go", "'m", "'d", "'ve", "'s", " go", " goes", " am", " can", " must",
-         " (C)", ") B", ". Because.", " - go", " 2", ") or (C)", " or \"D\"", " or, C", "/ [c]", " ,C", " oR c",
-         " or B or C", " or b or B", "/B/B", "/B/C", ", B, B", ", b, c", " or or C", " and, C", " and/or C",
-         " or (B) or [C]", " | B | b", " or C or", "/b/", " or B, C", "/ or C", " or 'C' or", " or B or B or C",
-         " and b and B or C", ", B or B, C", " or B/B or c", " or b or b or b"]
+TAILS = [
+    "",
+    "",
+    " or C",
+    " or b",
+    ", C",
+    ", B",
+    "/C",
+    "/b",
+    " | D",
+    " & A",
+    " and B",
+    " and the",
+    " or",
+    " orC",
+    " clean dirt",
+    " think so",
+    "'ll go",
+    "'m",
+    "'d",
+    "'ve",
+    "'s",
+    " go",
+    " goes",
+    " am",
+    " can",
+    " must",
+    " (C)",
+    ") B",
+    ". Because.",
+    " - go",
+    " 2",
+    ") or (C)",
+    ' or "D"',
+    " or, C",
+    "/ [c]",
+    " ,C",
+    " oR c",
+    " or B or C",
+    " or b or B",
+    "/B/B",
+    "/B/C",
+    ", B, B",
+    ", b, c",
+    " or or C",
+    " and, C",
+    " and/or C",
+    " or (B) or [C]",
+    " | B | b",
+    " or C or",
+    "/b/",
+    " or B, C",
+    "/ or C",
+    " or 'C' or",
+    " or B or B or C",
+    " and b and B or C",
+    ", B or B, C",
+    " or B/B or c",
+    " or b or b or b",
+]
 BREAKS = ["\n", "\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\n\n", "\n  \n"]
 
 
 def _contract_line(choose):
-    return (choose(LEADS) + choose(KEYWORDS) + choose(CONNECTORS) + choose(OPENERS) + choose(LETTERS)
-            + choose(CLOSERS) + choose(TAILS))
+    return (
+        choose(LEADS)
+        + choose(KEYWORDS)
+        + choose(CONNECTORS)
+        + choose(OPENERS)
+        + choose(LETTERS)
+        + choose(CLOSERS)
+        + choose(TAILS)
+    )
 
 
 def _text(choose, count):
@@ -110,8 +279,11 @@ def _text(choose, count):
         elif kind == 3:
             line = choose(LEADS) + choose(OPENERS) + choose(LETTERS) + choose(CLOSERS)
         elif kind == 4:
-            line = choose(["state", "State", "STATE", "state ", "statement", "states"]) + choose(
-                [":", " =", "-", " : ", "", " "]) + choose(["dirt", "A", "B", "choice: C", ""])
+            line = (
+                choose(["state", "State", "STATE", "state ", "statement", "states"])
+                + choose([":", " =", "-", " : ", "", " "])
+                + choose(["dirt", "A", "B", "choice: C", ""])
+            )
         else:
             line = "<think>" + _contract_line(choose) + choose(["</think>", "", "</THINK>", "</think"])
         lines.append(line)
@@ -123,6 +295,7 @@ def _text(choose, count):
 def contract_texts(draw):
     def choose(options):
         return draw(st.sampled_from(list(options)))
+
     kind = draw(st.integers(0, 4))
     if kind == 0:
         return draw(st.text(alphabet=string.printable, max_size=80))
@@ -161,16 +334,31 @@ def _parametrized(test):
 
 
 def test_host_examples_agree():
-    texts = [t for t in _parametrized(host_tests.test_accepted) + _parametrized(host_tests.test_failures)
-             if isinstance(t, str)]
+    texts = [
+        t
+        for t in _parametrized(host_tests.test_accepted) + _parametrized(host_tests.test_failures)
+        if isinstance(t, str)
+    ]
     # Texts of the other host tests (state labels, candidates, menu letter I, the stats list).
-    texts += ["State: clean_dirt\nchoice: B", "state: A\nchoice: C", "choice: B or C", "choice: Q", "choice: I",
-              "choice: I.", "choice: B", "nope", "choice: Z", "", "choice: A or B", "C"]
+    texts += [
+        "State: clean_dirt\nchoice: B",
+        "state: A\nchoice: C",
+        "choice: B or C",
+        "choice: Q",
+        "choice: I",
+        "choice: I.",
+        "choice: B",
+        "nope",
+        "choice: Z",
+        "",
+        "choice: A or B",
+        "C",
+    ]
     assert len(texts) >= 60
     sizes = (host_tests.MENU, "ABCDEFGHI", string.ascii_uppercase, "", "A")
     expected = assert_agree([t for t in texts for _ in sizes], [len(s) for _ in texts for s in sizes])
     # The host's verdicts on its examples, reproduced (so the comparison is not vacuous).
-    by_text = dict(zip(texts, expected[::len(sizes)]))
+    by_text = dict(zip(texts, expected[:: len(sizes)]))
     for text, letter in host_tests.test_accepted.pytestmark[0].args[1]:
         assert by_text[text] == (pd.REASON_OK, host_tests.MENU.index(letter)), text
     for text, reason in host_tests.test_failures.pytestmark[0].args[1]:
@@ -181,8 +369,13 @@ def test_host_examples_agree():
 def test_reason_codes():
     assert pd.REASON_CODES == ("ok", "empty", "no_choice", "multiple_choices", "invalid_letter")
     assert pd.REASON_CODES[1:] == parsing.FAILURE_REASONS
-    assert [pd.REASON_OK, pd.REASON_EMPTY, pd.REASON_NO_CHOICE, pd.REASON_MULTIPLE_CHOICES,
-            pd.REASON_INVALID_LETTER] == [0, 1, 2, 3, 4]
+    assert [
+        pd.REASON_OK,
+        pd.REASON_EMPTY,
+        pd.REASON_NO_CHOICE,
+        pd.REASON_MULTIPLE_CHOICES,
+        pd.REASON_INVALID_LETTER,
+    ] == [0, 1, 2, 3, 4]
 
 
 def test_rule_constants_mirror_host_regexes():
@@ -191,16 +384,19 @@ def test_rule_constants_mirror_host_regexes():
     space = {c for c in ascii_chars if c.isspace()}
     assert {c for c in ascii_chars if parsing._LEAD.match(c).end() == 1} == set(pd._LEAD_CHARS) | space
     assert {c for c in ascii_chars if (m := parsing._LETTER.match(c + "B")) and m["letter"] == "B"} == (
-        set(pd._LETTER_OPENERS) | space)
+        set(pd._LETTER_OPENERS) | space
+    )
     assert {c for c in ascii_chars if (m := parsing._LONE.match("B" + c)) and m["letter"] == "B"} == (
-        set(pd._LONE_CLOSERS) | space)
+        set(pd._LONE_CLOSERS) | space
+    )
     assert {c for c in ascii_chars if parsing._ALTERNATIVE.match(c + ", B")} == set(pd._ALT_CLOSERS) | space
     assert {c for c in ascii_chars if parsing._ALTERNATIVE.match("," + c + "B")} == set(pd._ALT_OPENERS) | space
     assert {c for c in ascii_chars if parsing._ALTERNATIVE.match(c + "B")} == set(pd._ALT_SEPARATORS)
     assert {c for c in ascii_chars if parsing._STATE.match("state" + c)} == set(pd._STATE_CONNECTORS)
     dashes = ["\u2012", "\u2013", "\u2014", "\u2015", "\u2212"]
-    connectors = {c for c in ascii_chars + dashes
-                  if (m := parsing._KEYWORD.match("choice" + c + "B")) and m["rest"] == "B"}
+    connectors = {
+        c for c in ascii_chars + dashes if (m := parsing._KEYWORD.match("choice" + c + "B")) and m["rest"] == "B"
+    }
     assert connectors == set(pd._KEYWORD_CONNECTORS) | space
     assert {c for c in ascii_chars if parsing._MARKUP.fullmatch(c)} == set(pd._MARKUP_CHARS)
     assert parsing._MARKUP.fullmatch(pd._MARKUP_RUN * 2) and not parsing._MARKUP.fullmatch(pd._MARKUP_RUN)
@@ -231,8 +427,13 @@ def test_rule_constants_mirror_host_regexes():
 # ---------------------------------------------------------------------------------------------------------
 
 
-@settings(derandomize=True, database=None, max_examples=100, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    derandomize=True,
+    database=None,
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(st.lists(st.tuples(contract_texts(), st.integers(0, 26)), min_size=1, max_size=48))
 def test_ascii_property_matches_host(rows):
     texts, sizes = zip(*rows)
@@ -245,15 +446,62 @@ def test_ascii_seeded_corpus_matches_host():
     # The corpus reaches every outcome, ok with many letters.
     reasons = [r for r, _ in expected]
     assert all(reasons.count(code) >= 20 for code in range(len(pd.REASON_CODES))), np.bincount(reasons)
-    assert len({l for r, l in expected if r == pd.REASON_OK}) >= 8
+    assert len({let for r, let in expected if r == pd.REASON_OK}) >= 8
 
 
-NON_ASCII = ["é", "—", "–", "“", "”", "’", "\u00a0", "\u2028", "\u2029", "\x85", "\u3000", "\u2003", "\u202f",
-             "\u200b", "\u0131", "\u0130", "\u017f", "\u212a", "😀", "日本", "ß", "Ａ", "\ufffd", "ǅ", "²", "µ",
-             "\u0301", "·", "th\u0131nk", "<thin\u212a>", "</th\u0130nk>", "\u017ftate:", "cho\u0131ce",
-             "\u017felection", "I th\u0131nk", "I w\u0131ll", "B/\u017f", "S/\u017f", "s or \u017f", "I or \u0131",
-             "B or \u212a", "B or \u0130", "choice—B", "choice – C", "choice\u00a0B", "choiceé: B", "éB", "Bé",
-             "choice: é", "choice: B\u2028C", "option“B”"]
+NON_ASCII = [
+    "é",
+    "—",
+    "–",
+    "“",
+    "”",
+    "’",
+    "\u00a0",
+    "\u2028",
+    "\u2029",
+    "\x85",
+    "\u3000",
+    "\u2003",
+    "\u202f",
+    "\u200b",
+    "\u0131",
+    "\u0130",
+    "\u017f",
+    "\u212a",
+    "😀",
+    "日本",
+    "ß",
+    "Ａ",
+    "\ufffd",
+    "ǅ",
+    "²",
+    "µ",
+    "\u0301",
+    "·",
+    "th\u0131nk",
+    "<thin\u212a>",
+    "</th\u0130nk>",
+    "\u017ftate:",
+    "cho\u0131ce",
+    "\u017felection",
+    "I th\u0131nk",
+    "I w\u0131ll",
+    "B/\u017f",
+    "S/\u017f",
+    "s or \u017f",
+    "I or \u0131",
+    "B or \u212a",
+    "B or \u0130",
+    "choice—B",
+    "choice – C",
+    "choice\u00a0B",
+    "choiceé: B",
+    "éB",
+    "Bé",
+    "choice: é",
+    "choice: B\u2028C",
+    "option“B”",
+]
 
 
 def non_ascii_texts(seed, count):
@@ -293,10 +541,26 @@ def test_arbitrary_bytes_match_host():
 
 def test_edge_cases():
     # n = 0, whitespace only (incl. Unicode spaces and breaks), think blocks only.
-    texts = ["", " ", "\n\r\t\x0b\x0c\x1c\x1d\x1e\x1f", "\u00a0\u2028\x85 \u3000", "<think>choice: A</think>",
-             "<think>x</think> \n", "*", "__", "choice: <think>\n</think>B", "choice: B<think>", "\x00",
-             "B" * WIDTH, ("choice: A or " * 40)[:WIDTH], "a" * (WIDTH - 1) + "\n", "choice: B or B or B or C",
-             "choice: B and b or B and b", "choice: " + "B or " * 30 + "C", "choice: " + "B or " * 30 + "B"]
+    texts = [
+        "",
+        " ",
+        "\n\r\t\x0b\x0c\x1c\x1d\x1e\x1f",
+        "\u00a0\u2028\x85 \u3000",
+        "<think>choice: A</think>",
+        "<think>x</think> \n",
+        "*",
+        "__",
+        "choice: <think>\n</think>B",
+        "choice: B<think>",
+        "\x00",
+        "B" * WIDTH,
+        ("choice: A or " * 40)[:WIDTH],
+        "a" * (WIDTH - 1) + "\n",
+        "choice: B or B or B or C",
+        "choice: B and b or B and b",
+        "choice: " + "B or " * 30 + "C",
+        "choice: " + "B or " * 30 + "B",
+    ]
     expected = assert_agree(texts, [4] * len(texts))
     assert expected[:4] == [(pd.REASON_EMPTY, -1)] * 4
     assert expected[4] == (pd.REASON_NO_CHOICE, -1)
@@ -304,38 +568,38 @@ def test_edge_cases():
     # Bytes at or after n are ignored; n is clamped to 0..WIDTH.
     text = b"choice: B\nchoice: C".ljust(WIDTH, b"Z")
     ns = [9, 10, 19, 0, -5, WIDTH, WIDTH + 500]
-    r, l = device([text] * len(ns), [4] * len(ns), lengths=ns)
+    r, let = device([text] * len(ns), [4] * len(ns), lengths=ns)
     assert r.tolist() == [0, 0, pd.REASON_MULTIPLE_CHOICES, pd.REASON_EMPTY, pd.REASON_EMPTY, 0, 0]
-    assert l.tolist() == [1, 1, -1, -1, -1, 1, 1]  # "choice: CZZ..." names no letter
+    assert let.tolist() == [1, 1, -1, -1, -1, 1, 1]  # "choice: CZZ..." names no letter
     # n_letters bounds the menu: 0 letters -> invalid, more than 26 is clamped.
-    r, l = device(["choice: Z"] * 5, [0, 1, 25, 26, 99])
-    assert r.tolist() == [pd.REASON_INVALID_LETTER] * 3 + [0, 0] and l.tolist() == [-1, -1, -1, 25, 25]
+    r, let = device(["choice: Z"] * 5, [0, 1, 25, 26, 99])
+    assert r.tolist() == [pd.REASON_INVALID_LETTER] * 3 + [0, 0] and let.tolist() == [-1, -1, -1, 25, 25]
 
 
 def test_unicode_rules():
     """The host's Unicode behaviours the device reproduces (the host's verdicts asserted first)."""
     cases = [
-        ("<thin\u212a>choice: A</think>\nchoice: B", (0, 1)),   # (?i) k matches KELVIN SIGN: a think block
-        ("\u017ftate: A\nB", (0, 1)),                          # (?i) s matches LONG S: a state line
-        ("choice: S/\u017f", (0, 18)),                          # the alternative's upper() is S: one letter
-        ("choice: I or \u0131", (0, 8)),                        # DOTLESS I upper() is I
+        ("<thin\u212a>choice: A</think>\nchoice: B", (0, 1)),  # (?i) k matches KELVIN SIGN: a think block
+        ("\u017ftate: A\nB", (0, 1)),  # (?i) s matches LONG S: a state line
+        ("choice: S/\u017f", (0, 18)),  # the alternative's upper() is S: one letter
+        ("choice: I or \u0131", (0, 8)),  # DOTLESS I upper() is I
         ("choice: B or \u212a", (pd.REASON_MULTIPLE_CHOICES, -1)),
-        ("choice: I th\u0131nk", (pd.REASON_NO_CHOICE, -1)),     # the pronoun, with a dotless i
-        ("cho\u0131ce: C", (0, 2)),                             # a keyword, with a dotless i
-        ("choice\u2014B", (0, 1)),                              # EM DASH connector
-        ("choice \u2013 C", (0, 2)),                            # EN DASH connector
-        ("choice:\u00a0\u3000D", (0, 3)),                       # Unicode spaces are \s
-        ("choice: B\u2028C", (0, 1)),                           # LINE SEPARATOR splits (lone C is unused)
-        ("B\x85C", (pd.REASON_MULTIPLE_CHOICES, -1)),           # NEXT LINE splits
-        ("choice\u00e9: B", (pd.REASON_NO_CHOICE, -1)),          # é is a word character: no \b
+        ("choice: I th\u0131nk", (pd.REASON_NO_CHOICE, -1)),  # the pronoun, with a dotless i
+        ("cho\u0131ce: C", (0, 2)),  # a keyword, with a dotless i
+        ("choice\u2014B", (0, 1)),  # EM DASH connector
+        ("choice \u2013 C", (0, 2)),  # EN DASH connector
+        ("choice:\u00a0\u3000D", (0, 3)),  # Unicode spaces are \s
+        ("choice: B\u2028C", (0, 1)),  # LINE SEPARATOR splits (lone C is unused)
+        ("B\x85C", (pd.REASON_MULTIPLE_CHOICES, -1)),  # NEXT LINE splits
+        ("choice\u00e9: B", (pd.REASON_NO_CHOICE, -1)),  # é is a word character: no \b
         ("\u00e9choice: B", (pd.REASON_NO_CHOICE, -1)),
-        ("\u201cchoice: B", (0, 1)),                            # a quote is not: \b holds
-        ("choice: B\u00e9", (0, 1)),                            # (?![A-Za-z0-9]) is ASCII only
+        ("\u201cchoice: B", (0, 1)),  # a quote is not: \b holds
+        ("choice: B\u00e9", (0, 1)),  # (?![A-Za-z0-9]) is ASCII only
         ("choice: \u00e9 B", (pd.REASON_NO_CHOICE, -1)),
-        (b"choice: B\xff\xfe", (0, 1)),                         # invalid UTF-8 reads as U+FFFD
-        (b"\xc3\nF\n\xe2\x80", (0, 5)),                          # truncated sequences too
-        (b"F\xe2\x80", (pd.REASON_NO_CHOICE, -1)),             # (U+FFFD is no closer)
-        (b"\xed\xa0\x80\nC", (0, 2)),                           # a surrogate's bytes are invalid
+        (b"choice: B\xff\xfe", (0, 1)),  # invalid UTF-8 reads as U+FFFD
+        (b"\xc3\nF\n\xe2\x80", (0, 5)),  # truncated sequences too
+        (b"F\xe2\x80", (pd.REASON_NO_CHOICE, -1)),  # (U+FFFD is no closer)
+        (b"\xed\xa0\x80\nC", (0, 2)),  # a surrogate's bytes are invalid
     ]
     texts = [t.encode("utf-8") if isinstance(t, str) else t for t, _ in cases]
     assert [host(t, 26) for t in texts] == [want for _, want in cases]
@@ -347,8 +611,20 @@ def test_character_classes_follow_python():
     confusable letters and a random sample of all code points."""
     tables = pd._char_tables()
     rng = np.random.default_rng(7)
-    cps = sorted({*range(0x100), *range(0x2000, 0x2070), 0x1680, 0x3000, 0x130, 0x131, 0x17F, 0x212A, 0xFFFD,
-                  *rng.integers(0, 0x110000, 20000).tolist()})
+    cps = sorted(
+        {
+            *range(0x100),
+            *range(0x2000, 0x2070),
+            0x1680,
+            0x3000,
+            0x130,
+            0x131,
+            0x17F,
+            0x212A,
+            0xFFFD,
+            *rng.integers(0, 0x110000, 20000).tolist(),
+        }
+    )
     for cp in cps:
         ch = chr(cp)
         flags = int(tables.flags[tables.blocks[tables.block_of[cp >> pd._BLOCK_BITS], cp & 0xFF]])
@@ -380,6 +656,7 @@ def test_parse_rejects_bad_arguments():
 @pytest.fixture(scope="module")
 def tok():
     from jaxopt_marl.rollout import smollm2_tokenizer
+
     return smollm2_tokenizer()
 
 
@@ -390,7 +667,7 @@ def table(tok):
 
 def _decode_bytes(table, ids):
     data, lens = np.asarray(table.bytes), np.asarray(table.lens)
-    return b"".join(data[i, :lens[i]].tobytes() for i in ids)
+    return b"".join(data[i, : lens[i]].tobytes() for i in ids)
 
 
 def test_byte_table_decodes_like_the_tokenizer(tok, table):
@@ -425,8 +702,7 @@ def test_byte_table_added_tokens_and_other_decoders():
     bpe.add_special_tokens([AddedToken("<s>", special=True)])
     table = pd.ByteTable.from_tokenizer(bpe)
     # Each byte's own token, in GPT-2's alphabet, gives that byte.
-    assert all(_decode_bytes(table, [bpe.token_to_id(c)]) == bytes([b])
-               for c, b in pd._byte_level_alphabet().items())
+    assert all(_decode_bytes(table, [bpe.token_to_id(c)]) == bytes([b]) for c, b in pd._byte_level_alphabet().items())
     ids = bpe.encode("xhéllo Ġfoo 日本<s>y").ids
     assert _decode_bytes(table, ids).decode("utf-8", "replace") == bpe.decode(ids) == "xh\ufffdllo  foo 日本y"
     bpe.decoder = decoders.Metaspace()
@@ -460,7 +736,7 @@ def test_parse_tokens_matches_host_on_decoded_text(tok, table):
     rng = np.random.default_rng(6)
     rows, masks = [], []
     for t in texts:
-        ids = tok.encode(t, add_special_tokens=False)[:TOKENS - 1] + [eos]
+        ids = tok.encode(t, add_special_tokens=False)[: TOKENS - 1] + [eos]
         if rng.random() < 0.2:  # raw sampled ids: arbitrary bytes, split characters, special tokens
             ids = rng.integers(0, len(tok), TOKENS - 1).tolist() + [eos]
         mask = [True] * len(ids) + [False] * (TOKENS - len(ids))
@@ -469,15 +745,17 @@ def test_parse_tokens_matches_host_on_decoded_text(tok, table):
     fn = jax.jit(jax.vmap(pd.parse_tokens, in_axes=(None, 0, 0, 0)))
     got = []
     for lo in range(0, len(rows), TOKEN_BATCH):
-        c = len(rows[lo:lo + TOKEN_BATCH])
+        c = len(rows[lo : lo + TOKEN_BATCH])
         pad = TOKEN_BATCH - c  # the last batch is padded with empty rows
-        r = np.asarray(rows[lo:lo + c] + [[0] * TOKENS] * pad, np.int32)
-        m = np.asarray(masks[lo:lo + c] + [[False] * TOKENS] * pad)
-        k = np.asarray(sizes[lo:lo + c] + [0] * pad, np.int32)
+        r = np.asarray(rows[lo : lo + c] + [[0] * TOKENS] * pad, np.int32)
+        m = np.asarray(masks[lo : lo + c] + [[False] * TOKENS] * pad)
+        k = np.asarray(sizes[lo : lo + c] + [0] * pad, np.int32)
         reason, letter = fn(table, jnp.asarray(r), jnp.asarray(m), jnp.asarray(k))
         got += list(zip(np.asarray(reason)[:c].tolist(), np.asarray(letter)[:c].tolist()))
-    want = [host(tok.decode([i for i, keep in zip(row, mask) if keep], skip_special_tokens=True), k)
-            for row, mask, k in zip(rows, masks, sizes)]
+    want = [
+        host(tok.decode([i for i, keep in zip(row, mask) if keep], skip_special_tokens=True), k)
+        for row, mask, k in zip(rows, masks, sizes)
+    ]
     bad = [(tok.decode(r_), g, w) for r_, g, w in zip(rows, got, want) if g != w]
     assert not bad, bad[:5]
     assert sum(w[0] == pd.REASON_OK for w in want) >= 50

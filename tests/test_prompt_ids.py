@@ -40,20 +40,20 @@ def tok():
     return smollm2_tokenizer()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup(game):
     env = envs_jax.make(game)
     return env, options.get_library(game, env)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ids(game, mode, tok_key="smollm2"):
     env, lib = _setup(game)
     tok = smollm2_tokenizer() if tok_key == "smollm2" else _regex_tokenizer(tok_key)
     return prompt_ids.PromptIds(game, env, lib, tok, mode=mode, max_steps=MAX_STEPS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _regex_tokenizer(pre):
     """SmolLM2's vocab with another split regex (``lora.tokenizer._pre_tokenizer``: ``qwen2``, ``llama3``)."""
     tok = copy.deepcopy(smollm2_tokenizer())
@@ -66,7 +66,7 @@ def _regex_tokenizer(pre):
 # ---------------------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _episodes(game):
     """Env states of SEEDS random-macro episodes (``macro.uniform_policy``), flattened: [SEEDS * STEPS]."""
     env, lib = _setup(game)
@@ -110,8 +110,10 @@ def _extremes(game, states, rng):
         items = rng.choice([0, int(D.ingredient(0)), int(D.PLATE), soup], (b, len(ctr)))
         on = pick(0.3)[:, None]
         grid[:, ctr[:, 0], ctr[:, 1], 1] = np.where(on, items, grid[:, ctr[:, 0], ctr[:, 1], 1])
-        agents = core.agents.replace(inventory=inv.astype(core.agents.inventory.dtype),
-                                     pos=core.agents.pos.replace(x=x.astype(np.int32), y=y.astype(np.int32)))
+        agents = core.agents.replace(
+            inventory=inv.astype(core.agents.inventory.dtype),
+            pos=core.agents.pos.replace(x=x.astype(np.int32), y=y.astype(np.int32)),
+        )
         deliveries = np.where(pick(0.3), many, states.deliveries).astype(np.int32)
         return states.replace(core=core.replace(agents=agents, grid=grid), deliveries=deliveries)
     h, w = states.apples.shape[1:]
@@ -119,8 +121,11 @@ def _extremes(game, states, rng):
     edge = pick(0.15)
     for i in np.flatnonzero(edge):  # one agent to an edge-adjacent cell or onto the outer wall (unreachable)
         a = rng.integers(0, pos.shape[1])
-        pos[i, a] = [rng.choice([0, 1, h - 2, h - 1]), rng.integers(0, w)] if rng.random() < 0.5 else \
-            [rng.integers(0, h), rng.choice([0, 1, w - 2, w - 1])]
+        pos[i, a] = (
+            [rng.choice([0, 1, h - 2, h - 1]), rng.integers(0, w)]
+            if rng.random() < 0.5
+            else [rng.integers(0, h), rng.choice([0, 1, w - 2, w - 1])]
+        )
     alive = np.array(states.alive) & ~(rng.random(states.alive.shape) < 0.1)
     apples_total = np.array(states.apples_total)
     apples_total[:, 0] = np.where(pick(0.3), many, apples_total[:, 0])
@@ -151,8 +156,11 @@ def _decisions(game, rng, n):
 def _shown(inst, kind, u):
     """The guard mask of one random menu: all valid instances, one, a random subset, or none."""
     one = jnp.arange(u.shape[0]) == jnp.argmin(jnp.where(inst.valid, u, 2.0))
-    return inst.valid & jnp.select([kind == ALL_SHOWN, kind == ONE_LINE, kind == RANDOM_SUBSET],
-                                   [jnp.ones_like(inst.valid), one, u < 0.6], jnp.zeros_like(inst.valid))
+    return inst.valid & jnp.select(
+        [kind == ALL_SHOWN, kind == ONE_LINE, kind == RANDOM_SUBSET],
+        [jnp.ones_like(inst.valid), one, u < 0.6],
+        jnp.zeros_like(inst.valid),
+    )
 
 
 #: Real decisions of these games are also assembled with SmolLM2's vocab under another split regex.
@@ -179,8 +187,12 @@ def _device(game, states, aids, kind, u, keys, mems, letters=None):
         inst = lib.instances(s, a)
         drawn = menus.assign_letters(key, _shown(inst, k, uu))
         let = jnp.where(forced[0] == -2, drawn, forced)
-        return inst, let, [p.suffix(s, a, inst, let, mem) for p in builders], \
-            prompt_ids.state_label_code(game, lib, s, a)
+        return (
+            inst,
+            let,
+            [p.suffix(s, a, inst, let, mem) for p in builders],
+            prompt_ids.state_label_code(game, lib, s, a),
+        )
 
     args = (states, aids, kind, u, keys, mems, jnp.asarray(letters, jnp.int32))
     sig = (game, str(jax.tree.map(lambda x: (x.shape, x.dtype), args)))
@@ -195,13 +207,20 @@ def _scripted(game, state, aid, mem, letters=None):
     _, lib = _setup(game)
     tile = lambda x: jnp.asarray(np.broadcast_to(np.asarray(x), (DECISIONS,) + np.shape(x)))
     keys = jax.random.split(jax.random.PRNGKey(0), DECISIONS)
-    args = (jax.tree.map(tile, state), tile(np.int32(aid)), tile(np.int64(ALL_SHOWN)),
-            tile(np.zeros(lib.num_instances, np.float32)), keys, jax.tree.map(tile, mem))
+    args = (
+        jax.tree.map(tile, state),
+        tile(np.int32(aid)),
+        tile(np.int64(ALL_SHOWN)),
+        tile(np.zeros(lib.num_instances, np.float32)),
+        keys,
+        jax.tree.map(tile, mem),
+    )
     forced = None if letters is None else np.broadcast_to(np.asarray(letters, np.int32), (DECISIONS, len(letters)))
     inst, _, outs, _ = _device(game, *args, letters=forced)
     builders = _builders(game)
-    return jax.tree.map(lambda x: x[0], inst), [ids[0, p.max_len - n[0]:].tolist()
-                                                for p, (ids, n) in zip(builders, outs)]
+    return jax.tree.map(lambda x: x[0], inst), [
+        ids[0, p.max_len - n[0] :].tolist() for p, (ids, n) in zip(builders, outs)
+    ]
 
 
 def _compare(p, tok, texts, ids, lens):
@@ -211,8 +230,8 @@ def _compare(p, tok, texts, ids, lens):
     bad = 0
     for b, (text, want) in enumerate(zip(texts, enc)):
         n = int(lens[b])
-        got = ids[b, p.max_len - n:].tolist()
-        assert (ids[b, :p.max_len - n] == p.pad_id).all()
+        got = ids[b, p.max_len - n :].tolist()
+        assert (ids[b, : p.max_len - n] == p.pad_id).all()
         bad += got != list(want)
         assert tok.decode(list(p.prefix_ids) + got) == p.prefix_text + text
     return bad
@@ -232,9 +251,11 @@ def test_device_ids_equal_host_tokenization(game, tok):
         bad.append(_compare(p, p.tok, refs[p.mode], ids, n))
         lens.append(n)
         assert n.max() <= p.max_len
-    print(f"{game}: mismatches {bad} of {DECISIONS} (sample, choice_only{', ' + OTHER_REGEX.get(game, '')}); "
-          f"median length {[float(np.median(n)) for n in lens]}, longest {[int(n.max()) for n in lens]}; "
-          f"max_len {[p.max_len for p in builders]}")
+    print(
+        f"{game}: mismatches {bad} of {DECISIONS} (sample, choice_only{', ' + OTHER_REGEX.get(game, '')}); "
+        f"median length {[float(np.median(n)) for n in lens]}, longest {[int(n.max()) for n in lens]}; "
+        f"max_len {[p.max_len for p in builders]}"
+    )
     assert bad == [0] * len(builders)
     # The random decisions reach the extremes the scheme must survive.
     texts = refs["choice_only"]
@@ -292,23 +313,25 @@ def test_hand_checked_overcooked_suffix(tok):
     assert np.asarray(env.agent_facing(s)).tolist() == [3, 2] and lib.info.pots.tolist() == [[2, 4], [3, 4]]
     w = lib.info.width
     d = lambda t, who: int(lib.pose_dist[t[0] * w + t[1], (3 * w + 2, 3 * w + 5)[who]])
-    user = ("You are player 0. World position: (2, 3).\n"
-            "Facing: West. Holding: nothing.\n"
-            "Partner (player 1): pos=(5, 3) facing=East holding=nothing.\n\n"
-            f"Pots:\n  - pot@(4, 2): 0/3 onions; you: {d((2, 4), 0)} | partner: {d((2, 4), 1)}\n"
-            f"  - pot@(4, 3): 0/3 onions; you: {d((3, 4), 0)} | partner: {d((3, 4), 1)}\n"
-            "Counters: (empty)\nStep 1000/1000.\n\nMemory:\n- Last 5 macros decided: idle, pick_onion\n"
-            "- Team reward since your last decision: 7 (episode total 1234567)\n\n"
-            "Action menu:\nA) place held item in pot @ (4, 2)\nB) wait\n"
-            "C) place held item in pot @ (4, 3)\n\nChoose one. Reply with exactly two lines.")
+    user = (
+        "You are player 0. World position: (2, 3).\n"
+        "Facing: West. Holding: nothing.\n"
+        "Partner (player 1): pos=(5, 3) facing=East holding=nothing.\n\n"
+        f"Pots:\n  - pot@(4, 2): 0/3 onions; you: {d((2, 4), 0)} | partner: {d((2, 4), 1)}\n"
+        f"  - pot@(4, 3): 0/3 onions; you: {d((3, 4), 0)} | partner: {d((3, 4), 1)}\n"
+        "Counters: (empty)\nStep 1000/1000.\n\nMemory:\n- Last 5 macros decided: idle, pick_onion\n"
+        "- Team reward since your last decision: 7 (episode total 1234567)\n\n"
+        "Action menu:\nA) place held item in pot @ (4, 2)\nB) wait\n"
+        "C) place held item in pot @ (4, 3)\n\nChoose one. Reply with exactly two lines."
+    )
     full = render_chat(tok, [{"role": "system", "content": p.system}, {"role": "user", "content": user}])
     assert full.startswith(p.prefix_text)
-    want_text = full[len(p.prefix_text):] + "state: empty\nchoice:"
+    want_text = full[len(p.prefix_text) :] + "state: empty\nchoice:"
     assert tok.decode(got) == want_text
     assert got == tok(want_text, add_special_tokens=False)["input_ids"]
     # Numbers are digit tokens (SmolLM2 isolates digits): "1234567" is 7 tokens.
     digits = [tok.convert_tokens_to_ids(c) for c in "1234567"]
-    assert any(got[i:i + 7] == digits for i in range(len(got)))
+    assert any(got[i : i + 7] == digits for i in range(len(got)))
     assert p.letter_ids.tolist() == [tok(f" {c}", add_special_tokens=False)["input_ids"][0] for c in menus.LETTERS]
 
 
@@ -324,8 +347,13 @@ def test_hand_checked_cleanup_window_text(tok):
     apples[18, 12] = True  # 3 behind: out of view
     pos = np.asarray(s.pos).copy()
     pos[0], pos[1] = (15, 12), (17, 12)  # partner 2 rows behind: out of the window (1 behind)
-    s = s.replace(pos=jnp.asarray(pos), facing=s.facing.at[0].set(0), apples=jnp.asarray(apples),
-                  dirt=jnp.zeros(lib.shape, bool), step=jnp.int32(3))
+    s = s.replace(
+        pos=jnp.asarray(pos),
+        facing=s.facing.at[0].set(0),
+        apples=jnp.asarray(apples),
+        dirt=jnp.zeros(lib.shape, bool),
+        step=jnp.int32(3),
+    )
     others = [j for j in range(2, lib.num_agents)]
     s = s.replace(alive=s.alive.at[jnp.asarray(others)].set(False))
     letters = np.full(lib.num_instances, -1)
@@ -387,11 +415,13 @@ class _SplitLetter:
 def test_errors(tok):
     env, lib = _setup("harvest")
     p = _ids("harvest", "sample")
-    with pytest.raises(ValueError, match=rf"harvest \(sample\): max_len=10 is below the worst-case suffix length "
-                                         rf"{p.worst_len}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"harvest \(sample\): max_len=10 is below the worst-case suffix length "
+        rf"{p.worst_len}",
+    ):
         prompt_ids.PromptIds("harvest", env, lib, tok, mode="sample", max_steps=MAX_STEPS, max_len=10)
-    wide = prompt_ids.PromptIds("harvest", env, lib, tok, mode="sample", max_steps=MAX_STEPS,
-                                max_len=p.worst_len + 5)
+    wide = prompt_ids.PromptIds("harvest", env, lib, tok, mode="sample", max_steps=MAX_STEPS, max_len=p.worst_len + 5)
     assert wide.max_len == p.worst_len + 5
     big = HarvestOptions(env, target_cap=21)
     with pytest.raises(ValueError, match=r"harvest: the menu has 28 lines .*\(limit 26\)"):

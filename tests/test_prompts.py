@@ -18,18 +18,26 @@ def aa():
 def _aa_snapshot():
     """The worked example's state: player 1 at (1, 1) facing West holding an onion, partner player 0 at (5, 2)
     facing North holding an onion, both pots empty, counters empty, step 4. Cells are (row, col)."""
-    return dict(pos=np.array([[2, 5], [1, 1]]), facing=np.array([0, 3]), held=np.array([1, 1]),
-                pot_onions=np.array([0, 0]), pot_cooking=np.array([False, False]),
-                pot_ready=np.array([False, False]), counter_items=np.zeros(12, np.int32), step=np.int32(4),
-                team=np.int32(0))
+    return dict(
+        pos=np.array([[2, 5], [1, 1]]),
+        facing=np.array([0, 3]),
+        held=np.array([1, 1]),
+        pot_onions=np.array([0, 0]),
+        pot_cooking=np.array([False, False]),
+        pot_ready=np.array([False, False]),
+        counter_items=np.zeros(12, np.int32),
+        step=np.int32(4),
+        team=np.int32(0),
+    )
 
 
 def test_system_message_contract():
     text = prompts.system_message("overcooked_aa")
     assert text.startswith("You are an agent in a 2-player cooperative Overcooked-AI kitchen.")
     assert "Each delivery scores +20 (shared with partner)." in text
-    assert text.endswith("state: <empty | filling | cooking | ready_to_plate | delivering>\n"
-                         "choice: <single capital letter>")
+    assert text.endswith(
+        "state: <empty | filling | cooking | ready_to_plate | delivering>\nchoice: <single capital letter>"
+    )
     for game in ("cleanup", "harvest"):
         assert "choice: <single capital letter>" in prompts.system_message(game)
     with pytest.raises(ValueError, match="unknown game"):
@@ -38,8 +46,10 @@ def test_system_message_contract():
 
 def test_overcooked_user_message_worked_example(aa):
     _, lib = aa
-    menu = ("Action menu:\nA) place held item in pot @ (4, 2)\nB) drop held item on counter @ (1, 0)\n"
-            "C) place held item in pot @ (4, 3)\nD) drop held item on counter @ (2, 1)")
+    menu = (
+        "Action menu:\nA) place held item in pot @ (4, 2)\nB) drop held item on counter @ (1, 0)\n"
+        "C) place held item in pot @ (4, 3)\nD) drop held item on counter @ (2, 1)"
+    )
     mem = prompts.Memory()
     mem.remember("pick_onion", 0)
     text = prompts.user_message("overcooked_aa", _aa_snapshot(), 1, menu, 150, mem, lib)
@@ -80,20 +90,30 @@ def _cleanup_snapshot(pos, facing, alive, apples=(), dirt=(), step=7, team=2):
         for r, c in cells:
             g[r, c] = True
         grids.append(g)
-    return dict(pos=np.array(pos), facing=np.array(facing), alive=np.array(alive, bool), apples=grids[0],
-                dirt=grids[1], step=np.int32(step), team=np.int32(team))
+    return dict(
+        pos=np.array(pos),
+        facing=np.array(facing),
+        alive=np.array(alive, bool),
+        apples=grids[0],
+        dirt=grids[1],
+        step=np.int32(step),
+        team=np.int32(team),
+    )
 
 
 def test_cleanup_in_view_is_the_menus_window(cleanup):
-    """"In view" = the 11 x 11 observation window the menu instantiates from (9 ahead, 1 behind, 5 to each side),
+    """ "In view" = the 11 x 11 observation window the menu instantiates from (9 ahead, 1 behind, 5 to each side),
     not a square around the agent. Player 0 at (row 15, col 12) facing North sees rows 6..16, cols 7..17."""
     env, lib = cleanup
     snap = _cleanup_snapshot(
-        pos=[[15, 12], [17, 12], [7, 13], [15, 18]], facing=[0, 0, 0, 0], alive=[1, 1, 1, 1],
+        pos=[[15, 12], [17, 12], [7, 13], [15, 18]],
+        facing=[0, 0, 0, 0],
+        alive=[1, 1, 1, 1],
         # (6, 12): 9 ahead (in the window, outside the old radius-5 square); (18, 12): 3 behind (in the old square,
         # outside the window); (15, 17): 5 to the right, in both; (14, 12): 1 ahead.
         apples=[(6, 12), (18, 12), (15, 17), (14, 12)],
-        dirt=[(5, 12)])  # 10 ahead: out of view
+        dirt=[(5, 12)],
+    )  # 10 ahead: out of view
     text = prompts.user_message("cleanup", snap, 0, "Action menu:\nA) wait", 150, lib=lib)
     # Path lengths on this map (walls only): straight walks, nothing blocks them.
     assert "Apples in view: 3 (nearest: (12, 14) d=1, (17, 15) d=5, (12, 6) d=9)" in text
@@ -104,8 +124,11 @@ def test_cleanup_in_view_is_the_menus_window(cleanup):
     assert prompts.state_label("cleanup", snap, 0) == "harvesting"
     # The same ranking as the menu: the instance table's apple targets, nearest first.
     s = envs_jax.make("cleanup").reset(jax.random.PRNGKey(0))[1]
-    s = s.replace(pos=jnp.asarray(snap["pos"].tolist() + [[1, 1]] * 3), facing=jnp.zeros(7, jnp.int32),
-                  apples=jnp.asarray(snap["apples"]))
+    s = s.replace(
+        pos=jnp.asarray(snap["pos"].tolist() + [[1, 1]] * 3),
+        facing=jnp.zeros(7, jnp.int32),
+        apples=jnp.asarray(snap["apples"]),
+    )
     inst = lib.instances(s, 0)
     eat = np.asarray(inst.opt) == lib.option_id("eat_apple")
     targets = np.asarray(inst.target)[eat & np.asarray(inst.valid)]
@@ -115,8 +138,9 @@ def test_cleanup_in_view_is_the_menus_window(cleanup):
 def test_cleanup_facing_turns_the_window_and_unreachable_cells(cleanup):
     _, lib = cleanup
     # Facing South from (15, 12): the window is rows 14..24 (9 ahead = south, 1 behind), cols 7..17.
-    snap = _cleanup_snapshot(pos=[[15, 12], [1, 1]], facing=[2, 0], alive=[1, 1], apples=[(6, 12), (18, 12)],
-                             dirt=[(14, 12)])
+    snap = _cleanup_snapshot(
+        pos=[[15, 12], [1, 1]], facing=[2, 0], alive=[1, 1], apples=[(6, 12), (18, 12)], dirt=[(14, 12)]
+    )
     text = prompts.user_message("cleanup", snap, 0, "Action menu:\nA) wait", 150, lib=lib)
     assert "Facing: South." in text
     assert "Apples in view: 1 (nearest: (12, 18) d=3)" in text

@@ -35,11 +35,23 @@ def test_from_arrays_decodes_codes_and_drops_padding():
     assert t.num_rows == 5
     rows = t.to_pylist()
     assert rows[0] == {
-        "ep": 0, "step": 0, "aid": 0, "solo": True, "opt": "pick_onion",
-        "target_x": 2, "target_y": 4, "outcome": "success", "held": "none", "tgt_pot_state": None,
+        "ep": 0,
+        "step": 0,
+        "aid": 0,
+        "solo": True,
+        "opt": "pick_onion",
+        "target_x": 2,
+        "target_y": 4,
+        "outcome": "success",
+        "held": "none",
+        "tgt_pot_state": None,
     }
     assert [r["outcome"] for r in rows] == [
-        "success", "effect_fail", "explicit:TargetAbsent", "explicit:NoPath", "explicit:NothingHeld"
+        "success",
+        "effect_fail",
+        "explicit:TargetAbsent",
+        "explicit:NoPath",
+        "explicit:NothingHeld",
     ]
     assert rows[2]["held"] == "dish" and rows[2]["tgt_pot_state"] == "full"
     assert rows[3]["target_x"] == -1
@@ -64,21 +76,41 @@ def test_parquet_round_trip(tmp_path):
 
 def test_plain_string_columns_and_rows_are_accepted():
     rows = [
-        {"ep": 512, "step": 41, "aid": 0, "solo": False, "opt": "start_cooking", "target": [4, 2],
-         "held": "onion", "tgt_pot_state": "full", "outcome": "effect_fail"},
+        {
+            "ep": 512,
+            "step": 41,
+            "aid": 0,
+            "solo": False,
+            "opt": "start_cooking",
+            "target": [4, 2],
+            "held": "onion",
+            "tgt_pot_state": "full",
+            "outcome": "effect_fail",
+        },
     ]
     t = rec.records_from_rows(rows, VOCAB)
     r = t.to_pylist()[0]
     assert (r["target_x"], r["target_y"], r["opt"], r["held"]) == (4, 2, "start_cooking", "onion")
-    plain = t.cast(pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type)
-                              for f in t.schema]))
+    plain = t.cast(
+        pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in t.schema])
+    )
     c = rec.table_to_codes(plain, VOCAB)
     assert c.opt.tolist() == [1] and c.outcome.tolist() == [1] and c.features.tolist() == [[1, 2]]
 
 
 def _base_row(**over):
-    row = {"ep": 0, "step": 0, "aid": 0, "solo": True, "opt": "deliver", "target_x": 1, "target_y": 1,
-           "outcome": "success", "held": "dish", "tgt_pot_state": None}
+    row = {
+        "ep": 0,
+        "step": 0,
+        "aid": 0,
+        "solo": True,
+        "opt": "deliver",
+        "target_x": 1,
+        "target_y": 1,
+        "outcome": "success",
+        "held": "dish",
+        "tgt_pot_state": None,
+    }
     row.update(over)
     return row
 

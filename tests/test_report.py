@@ -17,37 +17,83 @@ def _write_jsonl(path, rows):
 
 
 def _decision(aid, opt, seed, step, outcome="success", parse_fail=False, rnd=-1, target=None, rollout=0):
-    return {"round": rnd, "rollout": rollout, "seed": seed, "step": step, "aid": aid, "prompt": "...",
-            "menu": ["A) clean_dirt", "B) eat_apple", "C) wait"], "response": "A", "response_source": "model",
-            "choice": "A", "parse_fail": parse_fail, "option": opt,
-            "target": target or ([1, 2] if opt != "wait" else None), "outcome": outcome}
+    return {
+        "round": rnd,
+        "rollout": rollout,
+        "seed": seed,
+        "step": step,
+        "aid": aid,
+        "prompt": "...",
+        "menu": ["A) clean_dirt", "B) eat_apple", "C) wait"],
+        "response": "A",
+        "response_source": "model",
+        "choice": "A",
+        "parse_fail": parse_fail,
+        "option": opt,
+        "target": target or ([1, 2] if opt != "wait" else None),
+        "outcome": outcome,
+    }
 
 
 def _block(policy, returns, apples=None):
-    eps = [{"seed": 10000 + k, "team_return": float(r), **({"agent_apples": apples[k]} if apples else {})}
-           for k, r in enumerate(returns)]
+    eps = [
+        {"seed": 10000 + k, "team_return": float(r), **({"agent_apples": apples[k]} if apples else {})}
+        for k, r in enumerate(returns)
+    ]
     return artifacts.EvalBlock(policy=policy, seeds=[10000 + k for k in range(len(returns))], episodes=eps)
 
 
 def _make_run(tmp_path, game="cleanup", preset="cpu", apples=None, patch_id=None):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"game": game, "preset": preset, "seed": 3,
-                                                 "model": "smollm2-135m", "K": 4, "rounds": 3,
-                                                 "episode_length": 4, "some_future_key": {"a": 1}}))
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "game": game,
+                "preset": preset,
+                "seed": 3,
+                "model": "smollm2-135m",
+                "K": 4,
+                "rounds": 3,
+                "episode_length": 4,
+                "some_future_key": {"a": 1},
+            }
+        )
+    )
     # rounds 0..2: team return 1.0 ± 0.5, 2.5 ± 0.25, 4.0 ± 1.0
-    _write_jsonl(run / "metrics.jsonl", [
-        {"round": r, "train/return_mean": m, "train/return_std": s, "train/parse_fail_rate": 0.1 * r,
-         "train/kl": 0.01, "perf/decisions_per_s": 100.0, "perf/rollout_s": 10.0 + r, "perf/update_s": 20.5 + r}
-        for r, m, s in ((0, 1.0, 0.5), (1, 2.5, 0.25), (2, 4.0, 1.0))])
+    _write_jsonl(
+        run / "metrics.jsonl",
+        [
+            {
+                "round": r,
+                "train/return_mean": m,
+                "train/return_std": s,
+                "train/parse_fail_rate": 0.1 * r,
+                "train/kl": 0.01,
+                "perf/decisions_per_s": 100.0,
+                "perf/rollout_s": 10.0 + r,
+                "perf/update_s": 20.5 + r,
+            }
+            for r, m, s in ((0, 1.0, 0.5), (1, 2.5, 0.25), (2, 4.0, 1.0))
+        ],
+    )
     # two evaluation episodes, team returns 3 and 5 -> 4.00 ± 1.41 (sample std); baseline 0 and 0
-    artifacts.EvalRecord(game=game, seeds=[10000, 10001], trained=_block("trained", [3, 5], [[3, 0], [4, 1]]),
-                         base=_block("frozen_base", [0, 0])).save(run / "eval.json")
+    artifacts.EvalRecord(
+        game=game,
+        seeds=[10000, 10001],
+        trained=_block("trained", [3, 5], [[3, 0], [4, 1]]),
+        base=_block("frozen_base", [0, 0]),
+    ).save(run / "eval.json")
     # agent 0: 3 x clean_dirt, agent 1: 2 x eat_apple + 1 x wait (one parse failure)
-    _write_jsonl(run / "decisions" / "eval.jsonl",
-                 [_decision(0, "clean_dirt", 10000, t) for t in range(3)]
-                 + [_decision(1, "eat_apple", 10000, 0), _decision(1, "eat_apple", 10000, 1),
-                    _decision(1, "wait", 10000, 2, parse_fail=True)])
+    _write_jsonl(
+        run / "decisions" / "eval.jsonl",
+        [_decision(0, "clean_dirt", 10000, t) for t in range(3)]
+        + [
+            _decision(1, "eat_apple", 10000, 0),
+            _decision(1, "eat_apple", 10000, 1),
+            _decision(1, "wait", 10000, 2, parse_fail=True),
+        ],
+    )
     _write_jsonl(run / "decisions" / "round_0000.jsonl", [_decision(0, "wait", 0, 0, rnd=0)])
     # E = 2, T = 4, N = 2; agent 0 never moves, agent 1 moves every step
     pos = np.zeros((2, 4, 2, 2), np.int32)
@@ -62,10 +108,19 @@ def _make_run(tmp_path, game="cleanup", preset="cpu", apples=None, patch_id=None
     walls = np.pad(np.zeros((H - 2, W - 2), bool), 1, constant_values=True)
     opts = np.tile(np.array([[0, 2]], np.int32), (2, 4, 1))
     artifacts.EvalTrajectories(
-        seeds=[10000, 10001], option_names=("clean_dirt", "eat_apple", "wait"), walls=walls,
-        terrain=walls.astype(np.int8), patch_id=patch_id,
-        trained=artifacts.PolicyTrajectories(positions=pos, rewards=rew, alive=np.ones((2, 4, 2), bool),
-                                             options=opts, actions=np.zeros((2, 4, 2), np.int32), apples=apples),
+        seeds=[10000, 10001],
+        option_names=("clean_dirt", "eat_apple", "wait"),
+        walls=walls,
+        terrain=walls.astype(np.int8),
+        patch_id=patch_id,
+        trained=artifacts.PolicyTrajectories(
+            positions=pos,
+            rewards=rew,
+            alive=np.ones((2, 4, 2), bool),
+            options=opts,
+            actions=np.zeros((2, 4, 2), np.int32),
+            apples=apples,
+        ),
     ).save(run / "eval_traj.npz")
     return run
 
@@ -123,8 +178,12 @@ def test_report_harvest_patch_survival(tmp_path):
 
 def test_report_overcooked_deliveries(tmp_path):
     run = _make_run(tmp_path, game="overcooked_aa")
-    recs = [_decision(0, "deliver", 10000, 5), _decision(0, "deliver", 10001, 5), _decision(1, "deliver", 10001, 9),
-            _decision(1, "deliver", 10001, 12, outcome="effect_fail")]
+    recs = [
+        _decision(0, "deliver", 10000, 5),
+        _decision(0, "deliver", 10001, 5),
+        _decision(1, "deliver", 10001, 9),
+        _decision(1, "deliver", 10001, 12, outcome="effect_fail"),
+    ]
     _write_jsonl(run / "decisions" / "eval.jsonl", recs)
     md = write_report(run).read_text()
     # The team return already counts deliveries (rollout.team_return): labelled so, never divided by 20.
@@ -135,8 +194,7 @@ def test_report_overcooked_deliveries(tmp_path):
 
 def test_report_empty_run_dir_does_not_crash(tmp_path):
     md = write_report(tmp_path).read_text()
-    for name in ("config.json", "metrics.jsonl", "eval.json", "eval_traj.npz", "decisions/eval.jsonl",
-                 "episode.gif"):
+    for name in ("config.json", "metrics.jsonl", "eval.json", "eval_traj.npz", "decisions/eval.jsonl", "episode.gif"):
         assert f"`{name}`" in md
     assert "not recorded" in md
     assert "`eval.json` is missing" in md
@@ -177,9 +235,12 @@ def test_report_harvest_final_patches_from_eval_json(tmp_path):
 
 
 def _solo(team, own, full, seeds=(10000, 10001, 10002), units="deliveries"):
-    return {"seeds": list(seeds), "units": units,
-            "agents": [{"agent": i, "solo_team_return": t, "own_return": o} for i, (t, o) in enumerate(zip(team, own))],
-            "full_team": {"returns": full}}
+    return {
+        "seeds": list(seeds),
+        "units": units,
+        "agents": [{"agent": i, "solo_team_return": t, "own_return": o} for i, (t, o) in enumerate(zip(team, own))],
+        "full_team": {"returns": full},
+    }
 
 
 def test_report_solo_test_section(tmp_path):
@@ -192,12 +253,12 @@ def test_report_solo_test_section(tmp_path):
     # FC-like: every agent alone delivers 0 while the team delivers 3, 5 and 4 -> needs a partner
     (run / "solo.json").write_text(json.dumps(_solo([[0, 0, 0], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]], [3.0, 5.0, 4.0])))
     md = write_report(run).read_text()
-    sec = md[md.index("### Solo test"):md.index("## Episode")]
+    sec = md[md.index("### Solo test") : md.index("## Episode")]
     assert "| a0 | 0.00 ± 0.00 | 0.00 ± 0.00 | 0% of the team's |" in sec
     assert "Full team on the same seeds: 4.00 ± 1.00 deliveries." in sec
     assert "Needs a partner" in sec and "(10000, 10001, 10002)" in sec
     assert "a verdict needs at least 3 seeds on which the full team scored" in sec and "Here: 3 of 3 seed(s)." in sec
-    assert "solo.json" not in md[md.index("## Missing inputs"):]
+    assert "solo.json" not in md[md.index("## Missing inputs") :]
     # AA-like: agents deliver 4 and 2 alone -> solo-solvable
     (run / "solo.json").write_text(json.dumps(_solo([[4, 4, 4], [1, 3, 2]], [[4, 4, 4], [1, 3, 2]], [6.0, 6.0, 6.0])))
     sec = write_report(run).read_text().split("### Solo test")[1]
@@ -225,14 +286,18 @@ def test_report_solo_test_section(tmp_path):
 def test_report_solo_not_expected_and_checkpoint_rule(tmp_path):
     run = _make_run(tmp_path)  # config without solo_episodes: no solo test expected
     ev = json.loads((run / "eval.json").read_text())
-    ev.update(checkpoint_rule="highest training-time team return (paper §6.1)", checkpoint_round=2,
-              checkpoint_train_return=4.0)
+    ev.update(
+        checkpoint_rule="highest training-time team return (paper §6.1)",
+        checkpoint_round=2,
+        checkpoint_train_return=4.0,
+    )
     (run / "eval.json").write_text(json.dumps(ev))
     md = write_report(run).read_text()
     assert "Not run (config `solo_episodes` = 0)." in md
-    assert "solo.json" not in md[md.index("## Missing inputs"):]
-    assert "Adapters: highest training-time team return (paper §6.1); round 2 (its mean training team return " \
-           "4.00)." in md
+    assert "solo.json" not in md[md.index("## Missing inputs") :]
+    assert (
+        "Adapters: highest training-time team return (paper §6.1); round 2 (its mean training team return 4.00)." in md
+    )
     assert "| team_return | 0.00 ± 0.00 | 4.00 ± 1.41 | 2 / 2 |" in md  # the base block is read as the baseline
 
 
@@ -251,9 +316,11 @@ def test_report_statistics_section(tmp_path):
     assert "| frozen_base | 2 | 0.00 ± 0.00 | [0.00, 0.00] |" in md
     assert "95% percentile bootstrap CI of the mean (10,000 resamples, seed 0)" in md
     mw = ev["stats"]["mann_whitney"]
-    assert (f"Mann–Whitney U (two-sided, trained vs frozen_base, scipy method `asymptotic with continuity "
-            f"correction`): U = 4.0 of 4 (trained ahead in 100.0% of episode pairs, ties counting half), "
-            f"p = {mw['p_value']:.3g}.") in md
+    assert (
+        f"Mann–Whitney U (two-sided, trained vs frozen_base, scipy method `asymptotic with continuity "
+        f"correction`): U = 4.0 of 4 (trained ahead in 100.0% of episode pairs, ties counting half), "
+        f"p = {mw['p_value']:.3g}."
+    ) in md
     assert "- Only 2 episode(s) per policy" in md
     # No base: the table has one row and the report says why there is no test.
     ev["stats"] = stats.eval_stats([3.0, 5.0], None)
@@ -272,12 +339,15 @@ def test_trained_vs_base_rows_give_ci_p_and_noise_verdict(tmp_path):
 
     run = _make_run(tmp_path)
     # Issue 14: 3.50 ± 4.95 against 1.00 ± 1.41 over 2 episodes is noise, and the report says so.
-    artifacts.EvalRecord(game="cleanup", seeds=[10000, 10001], trained=_block("trained", [0, 7]),
-                         base=_block("frozen_base", [0, 2])).save(run / "eval.json")
+    artifacts.EvalRecord(
+        game="cleanup", seeds=[10000, 10001], trained=_block("trained", [0, 7]), base=_block("frozen_base", [0, 2])
+    ).save(run / "eval.json")
     md = write_report(run).read_text()
     p = stats.mann_whitney([0, 7], [0, 2])["p_value"]
-    assert (f"| team_return | 1.00 ± 1.41 | 3.50 ± 4.95 | 2 / 2 | [0.00, 2.00] | [0.00, 7.00] | {p:.3g} | "
-            "not distinguishable from noise |") in md
+    assert (
+        f"| team_return | 1.00 ± 1.41 | 3.50 ± 4.95 | 2 / 2 | [0.00, 2.00] | [0.00, 7.00] | {p:.3g} | "
+        "not distinguishable from noise |"
+    ) in md
     # Six episodes each, CIs apart: the verdict names the direction; overlapping CIs stay noise.
     c = report.compare([5, 6, 5, 6, 5, 6], [0, 1, 0, 1, 0, 1])
     assert c["verdict"] == "trained higher" and c["trained"]["ci"][0] > c["base"]["ci"][1]
@@ -300,5 +370,6 @@ def test_report_gives_the_run_folder_size(tmp_path):
     (tmp_path / "burnin.bin").write_bytes(b"x" * 100_000)
     md = write_report(tmp_path).read_text()
     line = [x for x in md.splitlines() if x.startswith("**Run folder size**")]
-    assert line == ["**Run folder size**: 1.9 MB on disk (`checkpoints/` 1.5 MB, `best/` 0.3 MB) when this report "
-                    "was written."]
+    assert line == [
+        "**Run folder size**: 1.9 MB on disk (`checkpoints/` 1.5 MB, `best/` 0.3 MB) when this report was written."
+    ]

@@ -47,7 +47,7 @@ def built(smoke_runs, tmp_path_factory, request):
 def _section(md, title):
     start = md.index(title)
     nxt = [i for i in (md.find("\n## ", start + 1), md.find("\n### ", start + 1)) if i > 0]
-    return md[start:min(nxt) if nxt else len(md)]
+    return md[start : min(nxt) if nxt else len(md)]
 
 
 @pytest.mark.parametrize("game", GAMES)
@@ -141,11 +141,16 @@ def test_report_never_overstates(built, game):
     def ci(c):
         return f"[{c[0]:.2f}, {c[1]:.2f}]"
 
-    row = (f"| team_return | {b['mean']:.2f} ± {b['std']:.2f} | {t['mean']:.2f} ± {t['std']:.2f} | 2 / 2 | "
-           f"{ci(b['ci'])} | {ci(t['ci'])} | {st['mann_whitney']['p_value']:.3g} | not distinguishable from noise |")
+    row = (
+        f"| team_return | {b['mean']:.2f} ± {b['std']:.2f} | {t['mean']:.2f} ± {t['std']:.2f} | 2 / 2 | "
+        f"{ci(b['ci'])} | {ci(t['ci'])} | {st['mann_whitney']['p_value']:.3g} | not distinguishable from noise |"
+    )
     assert row in md
-    rows = [r for r in _section(md, "## Evaluation").splitlines()
-            if r.startswith("| ") and " / " in r and not r.startswith("| metric")]
+    rows = [
+        r
+        for r in _section(md, "## Evaluation").splitlines()
+        if r.startswith("| ") and " / " in r and not r.startswith("| metric")
+    ]
     assert len(rows) > 3 and all(r.endswith("| not distinguishable from noise |") for r in rows)
     # Decision traces: choice_only responses are labelled templates; sampled ones model text.
     recs, bad = artifacts.load_traces(run / "decisions" / "eval.jsonl")
@@ -157,12 +162,13 @@ def test_report_never_overstates(built, game):
         assert {r.response_source for r in recs} == {"model"} and "Templated responses" not in md
         assert f"{len(recs)} trace(s) hold text the model generated" in md
     # The GIF is named: whose episode, which seed, how.
-    assert (f"Whose episode: evaluation episode 0 (seed 10000) of the trained adapters of round "
-            f"{ev['checkpoint_round']} ({ev['checkpoint_rule']}), replayed from its recorded primitive actions" in md)
+    assert (
+        f"Whose episode: evaluation episode 0 (seed 10000) of the trained adapters of round "
+        f"{ev['checkpoint_round']} ({ev['checkpoint_rule']}), replayed from its recorded primitive actions" in md
+    )
     # Training table: rollout and update seconds from metrics.jsonl, to 0.1 s.
     for m in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()):
-        assert (f"| {m['perf/decisions_per_s']:.1f} | {m['perf/rollout_s']:.1f} | {m['perf/update_s']:.1f} |"
-                in md)
+        assert f"| {m['perf/decisions_per_s']:.1f} | {m['perf/rollout_s']:.1f} | {m['perf/update_s']:.1f} |" in md
     assert "| round | team return | parse-fail rate | KL | decisions/s | rollout s | update s |" in md
     # Figures: integer round ticks, nothing below zero.
     ax = figs["training_curve.png"].axes[0]

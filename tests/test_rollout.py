@@ -20,8 +20,22 @@ def roller():
 def _check(res, k, n=2):
     assert res.returns.shape == (k,)
     assert res.num_decisions == len(res.decisions) == res.parse.total > 0
-    for key in ("round", "rollout", "seed", "step", "aid", "prompt", "menu", "response", "choice", "parse",
-                "parse_fail", "option", "target", "outcome"):
+    for key in (
+        "round",
+        "rollout",
+        "seed",
+        "step",
+        "aid",
+        "prompt",
+        "menu",
+        "response",
+        "choice",
+        "parse",
+        "parse_fail",
+        "option",
+        "target",
+        "outcome",
+    ):
         assert key in res.traces[0]
     assert all(t["outcome"] != "running" for t in res.traces)
     assert res.traj["positions"].shape == (k, STEPS, n, 2) and res.traj["positions"].dtype == np.int32
@@ -39,7 +53,7 @@ def test_sample_mode_counts_parse_failures(roller):
     assert {t["round"] for t in res.traces} == {3} and {t["seed"] for t in res.traces} == {1, 2}
     # Tokens for training: system + user prompt, then the sampled response.
     b, a, d = res.decisions[0]
-    assert d.prompt_ids[:len(roller.policy.prefix_ids)] == roller.policy.prefix_ids
+    assert d.prompt_ids[: len(roller.policy.prefix_ids)] == roller.policy.prefix_ids
     assert 1 <= len(d.response_ids) <= 6
 
 
@@ -84,6 +98,7 @@ def test_idled_agent_only_waits_and_is_not_traced(roller):
     assert all(t["response"] is not None for t in res.traces)
     with pytest.raises(ValueError, match="active must be bool"):
         roller.collect([3], jax.random.PRNGKey(2), active=np.array([True]))
+
 
 def test_policy_config_validation():
     with pytest.raises(ValueError, match="unknown scoring mode"):

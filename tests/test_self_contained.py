@@ -18,8 +18,13 @@ def _files():
 
 
 def test_nothing_points_outside_the_repository():
-    hits = [f"{p.relative_to(ROOT)}:{i}" for p in _files() if p.name != "test_self_contained.py"
-            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if OUTSIDE.search(line)]
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _files()
+        if p.name != "test_self_contained.py"
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
     assert hits == []
 
 

@@ -34,7 +34,7 @@ def _mwu_asymptotic(x, y):
     r1 = sum(_avg_ranks(pooled)[:n1])
     u = r1 - n1 * (n1 + 1) / 2
     ties = [pooled.count(v) for v in set(pooled)]
-    var = n1 * n2 / 12 * ((n + 1) - sum(t ** 3 - t for t in ties) / (n * (n - 1)))
+    var = n1 * n2 / 12 * ((n + 1) - sum(t**3 - t for t in ties) / (n * (n - 1)))
     z = (abs(u - n1 * n2 / 2) - 0.5) / math.sqrt(var)
     return u, math.erfc(z / math.sqrt(2))
 
@@ -101,8 +101,14 @@ def test_bootstrap_is_deterministic_and_holds_the_mean():
     assert min(v) <= lo < a["mean"] < hi <= max(v)
     assert a["mean"] == pytest.approx(4.1) and a["std"] == pytest.approx(np.std(v, ddof=1))
     # The same call of scipy with the same seed gives the same interval (the parameters are the paper's).
-    ref = sps.bootstrap((np.array(v),), np.mean, n_resamples=10_000, confidence_level=0.95, method="percentile",
-                        rng=np.random.default_rng(S.BOOTSTRAP_SEED)).confidence_interval
+    ref = sps.bootstrap(
+        (np.array(v),),
+        np.mean,
+        n_resamples=10_000,
+        confidence_level=0.95,
+        method="percentile",
+        rng=np.random.default_rng(S.BOOTSTRAP_SEED),
+    ).confidence_interval
     assert a["ci"] == [ref.low, ref.high]
 
 
@@ -119,8 +125,16 @@ def test_bootstrap_matches_an_independent_resampling():
 
 
 def test_degenerate_inputs_give_no_warnings_and_json_without_nan():
-    cases = [([], [1.0]), ([1.0], [1.0]), ([1.0], [2.0]), ([0.0, 0.0], [0.0, 0.0]), ([0.0] * 20, [0.0] * 20),
-             ([2.0] * 20, [0.0] * 20), ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]), ([1.0, 2.0], None)]
+    cases = [
+        ([], [1.0]),
+        ([1.0], [1.0]),
+        ([1.0], [2.0]),
+        ([0.0, 0.0], [0.0, 0.0]),
+        ([0.0] * 20, [0.0] * 20),
+        ([2.0] * 20, [0.0] * 20),
+        ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]),
+        ([1.0, 2.0], None),
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for x, y in cases:

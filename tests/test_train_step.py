@@ -16,16 +16,16 @@ from flax import nnx
 
 from jaxopt_marl import magrpo
 from jaxopt_marl import train_step as ts
-from lora import Decoder, LoRAConfig, ModelConfig, split_model
-from lora import sampling
+from lora import Decoder, LoRAConfig, ModelConfig, sampling, split_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 64
 
 
 def _model(n_adapters, seed=0):
-    return Decoder(ModelConfig.tiny(vocab_size=VOCAB), LoRAConfig(num_adapters=n_adapters, rank=4,
-                                                                   alpha=8.0), rngs=nnx.Rngs(seed))
+    return Decoder(
+        ModelConfig.tiny(vocab_size=VOCAB), LoRAConfig(num_adapters=n_adapters, rank=4, alpha=8.0), rngs=nnx.Rngs(seed)
+    )
 
 
 def _random_batch(agent_ids, advantages, seed=0, pad_to_multiple=8):
@@ -33,8 +33,9 @@ def _random_batch(agent_ids, advantages, seed=0, pad_to_multiple=8):
     d = len(agent_ids)
     prompts = [list(rng.randint(1, VOCAB, rng.randint(3, 7))) for _ in range(d)]
     responses = [list(rng.randint(1, VOCAB, rng.randint(1, 4))) for _ in range(d)]
-    return ts.pack_decisions(prompts, responses, agent_ids, advantages, prompt_len=6,
-                             response_len=3, pad_to_multiple=pad_to_multiple)
+    return ts.pack_decisions(
+        prompts, responses, agent_ids, advantages, prompt_len=6, response_len=3, pad_to_multiple=pad_to_multiple
+    )
 
 
 def _slice(adapters, agent):
@@ -69,8 +70,9 @@ def three_agents():
 
 
 def test_pack_decisions_layout():
-    b = ts.pack_decisions([[5, 6], [7]], [[9], [10, 11]], [1, 0], [0.5, -0.5], prompt_len=3,
-                          response_len=2, pad_to_multiple=4)
+    b = ts.pack_decisions(
+        [[5, 6], [7]], [[9], [10, 11]], [1, 0], [0.5, -0.5], prompt_len=3, response_len=2, pad_to_multiple=4
+    )
     np.testing.assert_array_equal(b.tokens, [[0, 5, 6, 9, 0], [0, 0, 7, 10, 11], [0] * 5, [0] * 5])
     np.testing.assert_array_equal(b.attention_mask[:2], [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]])
     np.testing.assert_array_equal(b.response_mask[:2], [[0, 0, 0, 1, 0], [0, 0, 0, 1, 1]])
@@ -89,8 +91,13 @@ def test_score_matches_eager_continuation_logprobs(three_agents):
     model = nnx.merge(graphdef, adapters, base)
     tr = batch.response_len
     ref = sampling.continuation_logprobs(
-        model, batch.tokens[:, :-tr], batch.attention_mask[:, :-tr], batch.tokens[:, -tr:],
-        batch.response_mask[:, -tr:], agent_ids=jnp.asarray(batch.agent_ids)).sum(1)
+        model,
+        batch.tokens[:, :-tr],
+        batch.attention_mask[:, :-tr],
+        batch.tokens[:, -tr:],
+        batch.response_mask[:, -tr:],
+        agent_ids=jnp.asarray(batch.agent_ids),
+    ).sum(1)
     np.testing.assert_allclose(got, ref, atol=1e-5)
 
 
@@ -138,11 +145,13 @@ def test_one_minibatch_takes_theta_old_from_its_first_step(three_agents):
         np.testing.assert_array_equal(m[k], m2[k], err_msg=k)
     # The second epoch's ratios are exp(logp under theta_1 - logp under theta_0), per decision, with
     # both scored independently here (theta_1: the adapters after a one-epoch update).
-    one = ts.make_train_step(graphdef, magrpo.MAGRPOConfig.smoke(kl_beta=0.1, epochs=1),
-                             ts.make_mesh(1), num_adapters=3)
+    one = ts.make_train_step(
+        graphdef, magrpo.MAGRPOConfig.smoke(kl_beta=0.1, epochs=1), ts.make_mesh(1), num_adapters=3
+    )
     theta1, _, _ = one.update(base, adapters, opt, batch, key)
-    ratio = np.exp(np.asarray(_theta_old(step, base, theta1, batch))
-                   - np.asarray(_theta_old(step, base, adapters, batch)))
+    ratio = np.exp(
+        np.asarray(_theta_old(step, base, theta1, batch)) - np.asarray(_theta_old(step, base, adapters, batch))
+    )
     agents, valid = np.asarray(batch.agent_ids), np.asarray(batch.valid)
     for i in range(3):
         rows = valid & (agents == i)
@@ -171,8 +180,10 @@ def test_update_on_one_agent_leaves_other_adapters_bit_identical(three_agents):
 
 
 def test_clip_by_agent_global_norm_transform():
-    g = {"a": jnp.stack([jnp.full((2, 3, 4), 10.0), jnp.full((2, 3, 4), 0.01)], axis=1)[None],
-         "b": jnp.stack([jnp.full((2, 4, 5), 10.0), jnp.full((2, 4, 5), 0.01)], axis=1)[None]}
+    g = {
+        "a": jnp.stack([jnp.full((2, 3, 4), 10.0), jnp.full((2, 3, 4), 0.01)], axis=1)[None],
+        "b": jnp.stack([jnp.full((2, 4, 5), 10.0), jnp.full((2, 4, 5), 0.01)], axis=1)[None],
+    }
     # Leaves are [1, 2(layers), N=2, in, out]: the agent axis is third from the end.
     g = jax.tree.map(lambda x: x[0], g)
     norms = np.asarray(ts.agent_global_norms(g))
@@ -190,8 +201,7 @@ def test_clip_by_agent_global_norm_transform():
 def test_per_agent_clipping_end_to_end(optimizer):
     graphdef, adapters, base = split_model(_model(2, seed=1))
     adapters = _randomise_b(adapters)
-    cfg = magrpo.MAGRPOConfig(learning_rate=1e-2, optimizer=optimizer, max_grad_norm=1.0,
-                              kl_beta=0.0)
+    cfg = magrpo.MAGRPOConfig(learning_rate=1e-2, optimizer=optimizer, max_grad_norm=1.0, kl_beta=0.0)
     step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=2)
     agents = [0, 1, 0, 1, 0, 1]
     # Agent 0: huge advantages (its gradient norm is far above 1.0); agent 1: small ones.
@@ -219,8 +229,7 @@ def test_micro_batch_accumulation_matches_one_pass():
         cfg = magrpo.MAGRPOConfig.smoke(micro_batch=micro, kl_beta=0.1, optimizer="sgd")
         step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3)
         batch = step.prepare(base, adapters, host)
-        out.append(step.update(base, adapters, step.optimizer.init(adapters), batch,
-                               jax.random.key(0)))
+        out.append(step.update(base, adapters, step.optimizer.init(adapters), batch, jax.random.key(0)))
     (a0, _, m0), (a1, _, m1) = out
     for x, y in zip(jax.tree.leaves(a0), jax.tree.leaves(a1)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
@@ -239,12 +248,10 @@ def test_shared_adapter_mode():
     np.testing.assert_array_equal(step.adapter_ids(np.array([0, 2, 1])), [0, 0, 0])
     batch = step.prepare(base, adapters, _random_batch([0, 1, 2, 0, 1, 2], [1, -1, 1, -1, 0.5, 0]))
     np.testing.assert_array_equal(_theta_old(step, base, adapters, batch), batch.logp_ref)
-    new, _, m = step.update(base, adapters, step.optimizer.init(adapters), batch,
-                            jax.random.key(0))
+    new, _, m = step.update(base, adapters, step.optimizer.init(adapters), batch, jax.random.key(0))
     assert m["loss"].shape == (2, 1)
     np.testing.assert_array_equal(m["count"][:, 0], [6, 6])  # every agent's decisions, one adapter
-    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(adapters),
-                                                         jax.tree.leaves(new)))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(adapters), jax.tree.leaves(new)))
 
 
 _MESH_SCRIPT = textwrap.dedent("""
@@ -288,13 +295,19 @@ _MESH_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("minibatches", [2, 1])
 def test_eight_device_mesh_matches_one_device(minibatches):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", MINIBATCHES=str(minibatches),
-               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        MINIBATCHES=str(minibatches),
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
-    out = json.loads(line[len("RESULT"):])
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    out = json.loads(line[len("RESULT") :])
     one, eight = out["1"], out["8"]
     assert one["devices"] == 1 and eight["devices"] == 8
     # Reductions split over 8 devices round differently; Adam divides by sqrt(v), so an element with a
@@ -306,9 +319,9 @@ def test_eight_device_mesh_matches_one_device(minibatches):
     np.testing.assert_allclose(one["old"], eight["old"], rtol=1e-5, atol=1e-5)
     # The update did something (otherwise parity would be trivial).
     graphdef, adapters0, _ = split_model(_model(2))
-    assert not np.allclose(np.concatenate(one["adapters"]),
-                           np.concatenate([np.asarray(x).ravel() for x in
-                                           jax.tree.leaves(adapters0)]))
+    assert not np.allclose(
+        np.concatenate(one["adapters"]), np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(adapters0)])
+    )
 
 
 def test_tiny_task_learns_to_choose_b():
@@ -331,7 +344,7 @@ def test_tiny_task_learns_to_choose_b():
 
     key = jax.random.key(0)
     probs, mean_returns = [p_b(adapters)], []
-    for r in range(rounds):
+    for _ in range(rounds):
         key, k_sample, k_update = jax.random.split(key, 3)
         p = jnp.asarray(probs[-1])
         chose_b = np.asarray(jax.random.bernoulli(k_sample, p, (k, n_agents)))  # [K, N]
@@ -340,8 +353,12 @@ def test_tiny_task_learns_to_choose_b():
         adv_k = magrpo.group_relative_advantage(jnp.asarray(returns))
         rollout = np.repeat(np.arange(k), n_agents)
         batch = ts.pack_decisions(
-            [prompt] * (k * n_agents), [[tok_b if c else tok_a] for c in chose_b.ravel()],
-            np.tile(np.arange(n_agents), k), np.asarray(adv_k)[rollout], pad_to_multiple=8)
+            [prompt] * (k * n_agents),
+            [[tok_b if c else tok_a] for c in chose_b.ravel()],
+            np.tile(np.arange(n_agents), k),
+            np.asarray(adv_k)[rollout],
+            pad_to_multiple=8,
+        )
         batch = step.prepare(base, adapters, batch)
         adapters, opt, _ = step.update(base, adapters, opt, batch, k_update)
         probs.append(p_b(adapters))
@@ -370,8 +387,7 @@ def _prefixed_pair(agent_ids, advantages, seed=0, choices=None, response_len=3):
         responses = [[int(rng.choice(c))] for c in choices]
     kw = dict(response_len=response_len, pad_to_multiple=8, choices=choices)
     whole = ts.pack_decisions(prompts, responses, agent_ids, advantages, prompt_len=16, **kw)
-    cut = ts.pack_decisions(prompts, responses, agent_ids, advantages, prompt_len=8, prefix=PREFIX,
-                            **kw)
+    cut = ts.pack_decisions(prompts, responses, agent_ids, advantages, prompt_len=8, prefix=PREFIX, **kw)
     return whole, cut
 
 
@@ -381,8 +397,9 @@ def test_pack_decisions_strips_prefix_and_checks_it():
     assert cut.tokens.shape[1] == 8 + 3
     # Every row's real tokens = prefix + the cut row's real tokens.
     for i in range(2):
-        np.testing.assert_array_equal(whole.tokens[i][whole.attention_mask[i]],
-                                      PREFIX + list(cut.tokens[i][cut.attention_mask[i]]))
+        np.testing.assert_array_equal(
+            whole.tokens[i][whole.attention_mask[i]], PREFIX + list(cut.tokens[i][cut.attention_mask[i]])
+        )
     with pytest.raises(ValueError, match="shared prefix"):
         ts.pack_decisions([[1, 2, 3]], [[4]], [0], [0.0], prefix=[1, 3])
     with pytest.raises(ValueError, match="nothing after it"):
@@ -394,11 +411,13 @@ def test_prefix_scoring_equals_whole_rows(three_agents):
     adapters = _randomise_b(adapters)
     whole, cut = _prefixed_pair([0, 1, 2, 1, 0, 2], [1.0] * 6)
     ids = jnp.asarray(whole.agent_ids)
-    np.testing.assert_allclose(step.score(base, adapters, cut, ids),
-                               step.score(base, adapters, whole, ids), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        step.score(base, adapters, cut, ids), step.score(base, adapters, whole, ids), rtol=1e-5, atol=1e-5
+    )
     ref = jnp.full_like(ids, -1)
-    np.testing.assert_allclose(step.score(base, adapters, cut, ref),
-                               step.score(base, adapters, whole, ref), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        step.score(base, adapters, cut, ref), step.score(base, adapters, whole, ref), rtol=1e-5, atol=1e-5
+    )
     # Adapters matter, so the prefix K/V really is per adapter.
     assert not np.allclose(step.score(base, adapters, cut, ids), step.score(base, adapters, cut, ref))
 
@@ -414,18 +433,19 @@ def test_prefix_update_equals_whole_row_update():
     out = []
     for host in (whole, cut):
         batch = step.prepare(base, adapters, host)
-        out.append((batch, step.update(base, adapters, step.optimizer.init(adapters), batch,
-                                       jax.random.key(0))))
+        out.append((batch, step.update(base, adapters, step.optimizer.init(adapters), batch, jax.random.key(0))))
     (bw, (aw, _, mw)), (bc, (ac, _, mc)) = out
-    np.testing.assert_allclose(_theta_old(step, base, adapters, bc), _theta_old(step, base, adapters, bw),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        _theta_old(step, base, adapters, bc), _theta_old(step, base, adapters, bw), rtol=1e-5, atol=1e-5
+    )
     np.testing.assert_allclose(bc.logp_ref, bw.logp_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(mc["grad_norm"], mw["grad_norm"], rtol=1e-4)
     # Adam divides each component by its own running RMS, so a float32 rounding difference in a
     # small gradient component moves that component's step by up to ~1e-3 of the learning rate.
     for x, y, x0 in zip(jax.tree.leaves(ac), jax.tree.leaves(aw), jax.tree.leaves(adapters)):
-        np.testing.assert_allclose(np.asarray(x) - np.asarray(x0), np.asarray(y) - np.asarray(x0),
-                                   rtol=1e-3, atol=1e-3 * cfg.learning_rate)
+        np.testing.assert_allclose(
+            np.asarray(x) - np.asarray(x0), np.asarray(y) - np.asarray(x0), rtol=1e-3, atol=1e-3 * cfg.learning_rate
+        )
     np.testing.assert_array_equal(mc["ratio_min"][0], [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(mc["ratio_max"][0], [1.0, 1.0, 1.0])
 
@@ -435,8 +455,7 @@ def test_prefix_fresh_adapters_ratio_one_kl_zero(three_agents):
     _, cut = _prefixed_pair([0, 1, 2, 0, 1, 2, 0], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0, 1.0], seed=4)
     batch = step.prepare(base, adapters, cut)
     np.testing.assert_array_equal(_theta_old(step, base, adapters, batch), batch.logp_ref)
-    _, _, m = step.update(base, adapters, ts.init_opt_state(step, adapters), batch,
-                          jax.random.key(0))
+    _, _, m = step.update(base, adapters, ts.init_opt_state(step, adapters), batch, jax.random.key(0))
     np.testing.assert_array_equal(m["ratio_min"][0], [1.0, 1.0, 1.0])
     np.testing.assert_array_less(m["kl"][0], 1e-10)  # 0 up to rounding (see above)
 
@@ -451,8 +470,9 @@ def test_restricted_choice_logprob_is_softmax_over_candidates(three_agents):
     got = np.asarray(step.score(base, adapters, cut, ids))[:4]
     # By hand: tempered next-token logits after each whole prompt, renormalised over the candidates.
     model = nnx.merge(graphdef, adapters, base)
-    logits = np.asarray(model(jnp.asarray(whole.tokens), attention_mask=jnp.asarray(whole.attention_mask),
-                              agent_ids=ids))
+    logits = np.asarray(
+        model(jnp.asarray(whole.tokens), attention_mask=jnp.asarray(whole.attention_mask), agent_ids=ids)
+    )
     t = magrpo.MAGRPOConfig.smoke(kl_beta=0.1).temperature
     for i, c in enumerate(choices):
         z = logits[i, -2, c].astype(np.float64) / t
@@ -492,8 +512,9 @@ def test_progress_ticks_per_micro_batch_leave_the_update_bit_identical():
             batch = jax.block_until_ready(step.prepare(base, adapters, host))
             jax.effects_barrier()
             assert bar.n == (4 if progress else 0)
-            res = jax.block_until_ready(step.update(base, adapters, ts.init_opt_state(step, adapters), batch,
-                                                    jax.random.key(0)))
+            res = jax.block_until_ready(
+                step.update(base, adapters, ts.init_opt_state(step, adapters), batch, jax.random.key(0))
+            )
             jax.effects_barrier()
         assert bar.n == (12 if progress else 0)
         out[progress] = (batch.logp_ref, res)

@@ -5,6 +5,7 @@ after round 1 and resumed ends with bit-identical adapters to an uninterrupted r
 import json
 import shutil
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -61,12 +62,18 @@ def test_resume_equals_uninterrupted(tmp_path, setup):
     resumed = fresh(tmp_path / "part")
     assert resumed.restore() == 1
     resumed.train()
-    for a, b in zip(ref, _leaves(resumed.state.adapters)):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(ref, _leaves(resumed.state.adapters))
     metrics = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in metrics] == [0, 1]
-    for key in ("train/return_mean", "train/return_std", "train/parse_fail_rate", "train/kl", "train/clip_frac",
-                "perf/decisions_per_s", "perf/round_s"):
+    for key in (
+        "train/return_mean",
+        "train/return_std",
+        "train/parse_fail_rate",
+        "train/kl",
+        "train/clip_frac",
+        "perf/decisions_per_s",
+        "perf/round_s",
+    ):
         assert key in metrics[0]
     assert metrics[1]["train/kl"] > 0
     trace = (tmp_path / "part" / "decisions" / "round_0001.jsonl").read_text().splitlines()
@@ -84,14 +91,15 @@ def test_resume_equals_uninterrupted(tmp_path, setup):
     again = fresh(tmp_path / "part")
     assert again.restore(warn=said.append) == 1
     assert len(said) == 2, said
-    assert said[0] == (f"checkpoint 2 (after round 1) is corrupt: {big} is truncated ({size // 2} bytes, "
-                       f"{size} written); trying checkpoint 1")
+    assert said[0] == (
+        f"checkpoint 2 (after round 1) is corrupt: {big} is truncated ({size // 2} bytes, "
+        f"{size} written); trying checkpoint 1"
+    )
     assert said[1].startswith("resuming from checkpoint 1 (after round 0): rounds 1..1 are played again")
     assert (tmp_path / "part" / "checkpoints.corrupt" / "2" / "adapters").is_dir()
     assert sorted(d.name for d in ck.iterdir() if d.name.isdigit()) == ["1"]
     again.train()
-    for a, b in zip(ref, _leaves(again.state.adapters)):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(ref, _leaves(again.state.adapters))
     assert [m["round"] for m in trainer.read_metrics(tmp_path / "part" / "metrics.jsonl")] == [0, 1]
     assert sorted(d.name for d in ck.iterdir() if d.name.isdigit()) == ["1", "2"]
 
@@ -141,8 +149,7 @@ def test_best_checkpoint_is_the_highest_training_return(tmp_path, scripted):
     adapters, rnd, ret = tr.best_adapters()
     assert (rnd, ret) == (1, 3.0) and tr.best == (1, 3.0)
     # The best adapters are the ones that played round 1 (held at its start, before its update) ...
-    for a, b in zip(_leaves(adapters), played[1]):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(_leaves(adapters), played[1])
     # ... not the round-0 or the final ones.
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(adapters), played[0]))
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(adapters), _leaves(tr.state.adapters)))
@@ -170,20 +177,17 @@ def test_resume_keeps_the_best(tmp_path, scripted):
     resumed.train(rounds=3)  # round 2 ties: the best stays round 1
     adapters, rnd, ret = resumed.best_adapters()
     assert (rnd, ret) == (1, 3.0)
-    for a, b in zip(ref, _leaves(adapters)):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(ref, _leaves(adapters))
 
     # The killed run: best/ is ahead of the checkpoint (round 1 == the round to replay, played by the restored
     # adapters); the replay keeps it.
     again = fresh(tmp_path / "killed")
     assert again.restore() == 1 and again.best == (1, 3.0)
-    for a, b in zip(_leaves(again.state.adapters), ref):  # the restored adapters are the ones in best/
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(_leaves(again.state.adapters), ref)  # the restored adapters are the ones in best/
     again.train(rounds=2)
     adapters, rnd, ret = again.best_adapters()
     assert (rnd, ret) == (1, 3.0)
-    for a, b in zip(ref, _leaves(adapters)):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(ref, _leaves(adapters))
 
 
 def test_zero_advantage_leaves_adapters_and_optimizer_unchanged(tmp_path, setup, monkeypatch):
@@ -205,12 +209,9 @@ def test_zero_advantage_leaves_adapters_and_optimizer_unchanged(tmp_path, setup,
     ad0, opt0 = _leaves(tr.state.adapters), _leaves(tr.state.opt_state)
     line = tr.run_round()
     assert line["train/adv_zero"] is True and line["train/updated"] is False and line["train/decisions"] > 0
-    for a, b in zip(ad0, _leaves(tr.state.adapters)):
-        np.testing.assert_array_equal(a, b)
-    for a, b in zip(ad0, _leaves(split_model(roller.policy.model)[1])):  # the policy plays them too
-        np.testing.assert_array_equal(a, b)
-    for a, b in zip(opt0, _leaves(tr.state.opt_state)):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(ad0, _leaves(tr.state.adapters))
+    chex.assert_trees_all_equal(ad0, _leaves(split_model(roller.policy.model)[1]))  # the policy plays them too
+    chex.assert_trees_all_equal(opt0, _leaves(tr.state.opt_state))
     # The same round with an update (skip_zero_advantage=False, the old default of the paper and smoke presets)
     # moves them: what the default guards against.
     moved = fresh(tmp_path / "moved")

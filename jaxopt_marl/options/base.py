@@ -210,8 +210,10 @@ class OptionLibrary(abc.ABC):
 
     def describe(self) -> str:
         """All contracts as text (documentation, prompts for repair loops)."""
-        return "\n\n".join(f"{o.name} [{o.target_class}] read={list(o.read_set)} solo_only={o.solo_only}\n"
-                           f"{o.contract}" for o in self.options)
+        return "\n\n".join(
+            f"{o.name} [{o.target_class}] read={list(o.read_set)} solo_only={o.solo_only}\n{o.contract}"
+            for o in self.options
+        )
 
     # -- per-agent functions (jittable) ---------------------------------------------------------------------
 
@@ -259,8 +261,13 @@ class OptionLibrary(abc.ABC):
 
     def empty_exec(self) -> Exec:
         """An idle executor slot."""
-        return Exec(active=jnp.array(False), opt=jnp.int32(-1), target=jnp.full((2,), -1, jnp.int32),
-                    t=jnp.int32(0), aux=self.empty_aux())
+        return Exec(
+            active=jnp.array(False),
+            opt=jnp.int32(-1),
+            target=jnp.full((2,), -1, jnp.int32),
+            t=jnp.int32(0),
+            aux=self.empty_aux(),
+        )
 
     def label(self, opt: int, target_rc) -> str:
         """Menu text of one instance (host side)."""

@@ -95,22 +95,50 @@ V_NO, V_YES, V_NA = range(3)
 _VISIBLE = f"one instance per visible {{}}, capped at the {TARGET_CAP} nearest by path distance"
 # name, label, target class, kind, read set, instantiation, effect
 _OPTIONS = (
-    ("eat_apple", "eat apple @ ({x}, {y})", "apple", KIND_WALK_ONTO, ("tgt_apple", "region"),
-     _VISIBLE.format("apple"),
-     "pre tgt_apple and post: on the target, ate > 0 this step and apples_total increased"),
-    ("clean_dirt", "clean dirt @ ({x}, {y})", "dirt", KIND_BEAM, ("tgt_dirty", "clean_ready", "region"),
-     _VISIBLE.format("dirty river cell"),
-     "pre tgt_dirty and post not tgt_dirty, this agent's beam fired in the last step with cleaned > 0, and the "
-     "target is the first cell of one of its beam segments"),
-    ("go_to_river", "go to the river", NO_TARGET, KIND_REGION, ("region", "dirt_level"), "always one instance",
-     "pre region != river and post region == river"),
-    ("go_to_orchard", "go to the grass/orchard", NO_TARGET, KIND_REGION, ("region", "dirt_level"),
-     "always one instance", "pre region != orchard and post region == orchard"),
+    (
+        "eat_apple",
+        "eat apple @ ({x}, {y})",
+        "apple",
+        KIND_WALK_ONTO,
+        ("tgt_apple", "region"),
+        _VISIBLE.format("apple"),
+        "pre tgt_apple and post: on the target, ate > 0 this step and apples_total increased",
+    ),
+    (
+        "clean_dirt",
+        "clean dirt @ ({x}, {y})",
+        "dirt",
+        KIND_BEAM,
+        ("tgt_dirty", "clean_ready", "region"),
+        _VISIBLE.format("dirty river cell"),
+        "pre tgt_dirty and post not tgt_dirty, this agent's beam fired in the last step with cleaned > 0, and the "
+        "target is the first cell of one of its beam segments",
+    ),
+    (
+        "go_to_river",
+        "go to the river",
+        NO_TARGET,
+        KIND_REGION,
+        ("region", "dirt_level"),
+        "always one instance",
+        "pre region != river and post region == river",
+    ),
+    (
+        "go_to_orchard",
+        "go to the grass/orchard",
+        NO_TARGET,
+        KIND_REGION,
+        ("region", "dirt_level"),
+        "always one instance",
+        "pre region != orchard and post region == orchard",
+    ),
     ("wait", "wait", NO_TARGET, KIND_WAIT, (), "always one instance", "always true"),
 )
 EAT_APPLE, CLEAN_DIRT, GO_TO_RIVER, GO_TO_ORCHARD, WAIT = range(len(_OPTIONS))
-_REGION_TEXT = {GO_TO_RIVER: "the river (dirt-capable cells), facing north",
-                GO_TO_ORCHARD: "the orchard (apple-capable cells), facing south"}
+_REGION_TEXT = {
+    GO_TO_RIVER: "the river (dirt-capable cells), facing north",
+    GO_TO_ORCHARD: "the orchard (apple-capable cells), facing south",
+}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -132,17 +160,31 @@ class CleanupOptions(MeltingPotOptions):
         if target_cap < 1:
             raise ValueError(f"target_cap must be >= 1, got {target_cap}")
         options = tuple(
-            OptionSpec(name=n, label=lab, target_class=cls, read_set=rs, solo_only=False,
-                       max_targets=target_cap if cls in ("apple", "dirt") else 1,
-                       contract=contract_text(kind, inst, eff, _REGION_TEXT.get(i, "")))
+            OptionSpec(
+                name=n,
+                label=lab,
+                target_class=cls,
+                read_set=rs,
+                solo_only=False,
+                max_targets=target_cap if cls in ("apple", "dirt") else 1,
+                contract=contract_text(kind, inst, eff, _REGION_TEXT.get(i, "")),
+            )
             for i, (n, lab, cls, kind, rs, inst, eff) in enumerate(_OPTIONS)
         )
         river = np.asarray(env.dirt_capable, bool)
         orchard = np.asarray(env.apple_capable, bool)
         regions = np.stack([river, orchard])
         face = np.stack([np.full(river.shape, mp.NORTH), np.full(river.shape, mp.SOUTH)]).astype(np.int32)
-        self._setup(env, options, tuple(o[3] for o in _OPTIONS), regions, face,
-                    opt_region=(-1, -1, 0, 1, -1), cell_region=None, static_targets={})
+        self._setup(
+            env,
+            options,
+            tuple(o[3] for o in _OPTIONS),
+            regions,
+            face,
+            opt_region=(-1, -1, 0, 1, -1),
+            cell_region=None,
+            static_targets={},
+        )
         self.game = "cleanup"
         self.num_dirt_cells = int(env.num_dirt_cells)
         region_map = np.full(river.shape, R_BANK, np.int32)
@@ -199,8 +241,14 @@ class CleanupOptions(MeltingPotOptions):
 
     def effect(self, opt, pre, post):
         eat = pre["tgt_apple"] & post["on_target"] & (post["ate"] > 0) & (post["apples_total"] > pre["apples_total"])
-        clean = (pre["tgt_dirty"] & ~post["tgt_dirty"] & post["clean_fired"] & (post["cleaned"] > 0)
-                 & (post["cleaned_total"] > pre["cleaned_total"]) & post["beam_reaches"])
+        clean = (
+            pre["tgt_dirty"]
+            & ~post["tgt_dirty"]
+            & post["clean_fired"]
+            & (post["cleaned"] > 0)
+            & (post["cleaned_total"] > pre["cleaned_total"])
+            & post["beam_reaches"]
+        )
         river = ~pre["in_river"] & post["in_river"]
         orchard = ~pre["in_orchard"] & post["in_orchard"]
         return jnp.stack([eat, clean, river, orchard, jnp.array(True)])[opt]

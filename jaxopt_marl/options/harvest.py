@@ -72,12 +72,24 @@ PA_NA = len(PATCH_APPLES_VALUES) - 1
 
 # name, label, target class, kind, read set, instantiation, effect
 _OPTIONS = (
-    ("eat_apple", "eat apple @ ({x}, {y})", "apple", KIND_WALK_ONTO, ("tgt_apple", "in_tgt_patch", "tgt_patch_apples"),
-     f"one instance per visible apple, capped at the {TARGET_CAP} nearest by path distance",
-     "pre tgt_apple and post: on the target, ate > 0 this step and apples_total increased"),
-    ("go_to_patch", "go to patch @ ({x}, {y})", "patch", KIND_REGION, ("in_tgt_patch", "tgt_patch_apples"),
-     "one instance per apple patch (target: the patch cell nearest its centroid)",
-     "pre not in the target patch and post in the target patch"),
+    (
+        "eat_apple",
+        "eat apple @ ({x}, {y})",
+        "apple",
+        KIND_WALK_ONTO,
+        ("tgt_apple", "in_tgt_patch", "tgt_patch_apples"),
+        f"one instance per visible apple, capped at the {TARGET_CAP} nearest by path distance",
+        "pre tgt_apple and post: on the target, ate > 0 this step and apples_total increased",
+    ),
+    (
+        "go_to_patch",
+        "go to patch @ ({x}, {y})",
+        "patch",
+        KIND_REGION,
+        ("in_tgt_patch", "tgt_patch_apples"),
+        "one instance per apple patch (target: the patch cell nearest its centroid)",
+        "pre not in the target patch and post in the target patch",
+    ),
     ("wait", "wait", NO_TARGET, KIND_WAIT, (), "always one instance", "always true"),
 )
 EAT_APPLE, GO_TO_PATCH, WAIT = range(len(_OPTIONS))
@@ -120,17 +132,31 @@ class HarvestOptions(MeltingPotOptions):
         targets, cents = patch_targets(patch_id)
         sizes = {"apple": target_cap, "patch": n_patch}
         options = tuple(
-            OptionSpec(name=n, label=lab, target_class=cls, read_set=rs, solo_only=False,
-                       max_targets=sizes.get(cls, 1),
-                       contract=contract_text(kind, inst, eff, "the target patch, facing its centroid"))
+            OptionSpec(
+                name=n,
+                label=lab,
+                target_class=cls,
+                read_set=rs,
+                solo_only=False,
+                max_targets=sizes.get(cls, 1),
+                contract=contract_text(kind, inst, eff, "the target patch, facing its centroid"),
+            )
             for n, lab, cls, kind, rs, inst, eff in _OPTIONS
         )
         regions = patch_id[None] == np.arange(n_patch)[:, None, None]
         h, w = patch_id.shape
         cells = np.argwhere(np.ones((h, w), bool)).reshape(h, w, 2)
         face = np.stack([compass_toward(cells, c) for c in cents])
-        self._setup(env, options, tuple(o[3] for o in _OPTIONS), regions, face, opt_region=(-1, -1, -1),
-                    cell_region=patch_id, static_targets={GO_TO_PATCH: targets})
+        self._setup(
+            env,
+            options,
+            tuple(o[3] for o in _OPTIONS),
+            regions,
+            face,
+            opt_region=(-1, -1, -1),
+            cell_region=patch_id,
+            static_targets={GO_TO_PATCH: targets},
+        )
         self.game = "harvest"
         self.patch_id = patch_id
         self.num_patches = n_patch

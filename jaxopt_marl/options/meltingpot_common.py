@@ -151,14 +151,14 @@ def contract_text(kind: int, inst: str, effect: str, region: str = "") -> str:
     """The four-part contract of an option of ``kind`` in words."""
     ex = {
         KIND_WALK_ONTO: "Executor: shortest path (relative moves) onto the target cell; abandons when the target "
-                        "object is gone or the agent is removed (explicit failures: TargetAbsent, NoPath). "
-                        "Termination: the move onto the target, abandon, or timeout.",
+        "object is gone or the agent is removed (explicit failures: TargetAbsent, NoPath). "
+        "Termination: the move onto the target, abandon, or timeout.",
         KIND_BEAM: "Executor: shortest path to a 4-neighbour of the target, turn once if facing away, wait for the "
-                   "cooldown, FIRE (the target is the first cell of a beam segment); abandons when the target "
-                   "is gone or the agent is removed (explicit failures: TargetAbsent, NoPath). Termination: the "
-                   "FIRE that fires, abandon, or timeout.",
+        "cooldown, FIRE (the target is the first cell of a beam segment); abandons when the target "
+        "is gone or the agent is removed (explicit failures: TargetAbsent, NoPath). Termination: the "
+        "FIRE that fires, abandon, or timeout.",
         KIND_REGION: f"Executor: shortest path to the nearest cell of {region}, then turn to face into it "
-                     "(explicit failure: NoPath). Termination: the last move or turn, or timeout.",
+        "(explicit failure: NoPath). Termination: the last move or turn, or timeout.",
         KIND_WAIT: f"Executor: {WAIT_STEPS} NOOPs; never fails. Termination: after {WAIT_STEPS} steps.",
     }[kind]
     return f"Instantiation: {inst}. {ex} Effect: {effect}."
@@ -181,8 +181,7 @@ def destination_table(walkable: np.ndarray, regions: np.ndarray) -> np.ndarray:
     c = h * w
     table = np.asarray(paths.all_pairs_distances(jnp.asarray(walkable, bool))).reshape(c, c)
     table = np.minimum(table, FAR)
-    reg = [np.where(m.reshape(-1)[:, None], table, FAR).min(0) if m.any() else np.full(c, FAR)
-           for m in regions]
+    reg = [np.where(m.reshape(-1)[:, None], table, FAR).min(0) if m.any() else np.full(c, FAR) for m in regions]
     return np.concatenate([table, np.asarray(reg).reshape(len(regions), c)]).astype(np.int16)
 
 
@@ -202,9 +201,17 @@ class MeltingPotOptions(OptionLibrary):
     #: The beam option's fire action (Clean Up: FIRE_CLEAN).
     beam_action = mp.FIRE_CLEAN
 
-    def _setup(self, env, options: tuple[OptionSpec, ...], kinds: tuple[int, ...], regions: np.ndarray,
-               region_face: np.ndarray, opt_region: tuple[int, ...], cell_region: np.ndarray | None,
-               static_targets: dict[int, np.ndarray]):
+    def _setup(
+        self,
+        env,
+        options: tuple[OptionSpec, ...],
+        kinds: tuple[int, ...],
+        regions: np.ndarray,
+        region_face: np.ndarray,
+        opt_region: tuple[int, ...],
+        cell_region: np.ndarray | None,
+        static_targets: dict[int, np.ndarray],
+    ):
         """Build the static tables.
 
         Args:
@@ -230,8 +237,9 @@ class MeltingPotOptions(OptionLibrary):
         self.regions = np.asarray(regions, bool)
         self.region_face = np.asarray(region_face, np.int32).reshape(len(regions), -1)
         self.opt_region = np.asarray(opt_region, np.int32)
-        self.cell_region = (np.full(h * w, -1, np.int32) if cell_region is None
-                            else np.asarray(cell_region, np.int32).reshape(-1))
+        self.cell_region = (
+            np.full(h * w, -1, np.int32) if cell_region is None else np.asarray(cell_region, np.int32).reshape(-1)
+        )
         self.static_targets = {k: np.asarray(v, np.int32).reshape(-1, 2) for k, v in static_targets.items()}
         self.dest = destination_table(self.walkable, self.regions)
         # One device constant per table (each jnp.asarray of a numpy array inside a trace is a new HLO constant).
@@ -293,8 +301,9 @@ class MeltingPotOptions(OptionLibrary):
         pose_rows = self._lookup(self._safe_flat(nb).reshape((4,) + (1,) * fc.ndim), fc[None])
         pose = jnp.where(nb_ok.reshape((4,) + (1,) * fc.ndim), pose_rows, paths.UNREACHABLE).min(0)
         region = self._lookup(self.num_cells + self._region_of(opt, target), fc)
-        return jnp.select([kind == KIND_WALK_ONTO, kind == KIND_BEAM, kind == KIND_REGION],
-                          [walk, pose, region], jnp.zeros_like(walk))
+        return jnp.select(
+            [kind == KIND_WALK_ONTO, kind == KIND_BEAM, kind == KIND_REGION], [walk, pose, region], jnp.zeros_like(walk)
+        )
 
     def target_exists(self, state, opt, target):
         """``bool[]``: the instance has its target (its object is on the target cell / its region exists)."""
@@ -323,9 +332,12 @@ class MeltingPotOptions(OptionLibrary):
         neg, idx = jax.lax.top_k(-key, k)
         valid = -neg < _BIG
         dist = jnp.where(raw >= FAR, paths.UNREACHABLE, raw)[idx]
-        return ViewRanking(target=jnp.where(valid[:, None], cells[idx], -1).astype(jnp.int32), valid=valid,
-                           dist=jnp.where(valid, dist, -1).astype(jnp.int32),
-                           count=jnp.sum(cand, dtype=jnp.int32))
+        return ViewRanking(
+            target=jnp.where(valid[:, None], cells[idx], -1).astype(jnp.int32),
+            valid=valid,
+            dist=jnp.where(valid, dist, -1).astype(jnp.int32),
+            count=jnp.sum(cand, dtype=jnp.int32),
+        )
 
     def visible_nearest(self, state, aid, grid, k: int):
         """The ``k`` nearest cells of ``grid`` (``bool[H, W]``) inside the agent's view window
@@ -356,8 +368,7 @@ class MeltingPotOptions(OptionLibrary):
         targets, valid = [], []
         for o, spec in enumerate(self.options):
             if spec.target_class in ("apple", "dirt"):
-                tg, ok = self.visible_nearest(state, aid, self.object_grid(state, spec.target_class),
-                                              spec.max_targets)
+                tg, ok = self.visible_nearest(state, aid, self.object_grid(state, spec.target_class), spec.max_targets)
             elif o in self.static_targets:
                 tg = jnp.asarray(self.static_targets[o])
                 ok = jnp.ones((spec.max_targets,), bool)
@@ -366,8 +377,11 @@ class MeltingPotOptions(OptionLibrary):
                 ok = jnp.ones((spec.max_targets,), bool)
             targets.append(tg)
             valid.append(ok)
-        return Instances(opt=jnp.asarray(self.slot_opt), target=jnp.concatenate(targets).astype(jnp.int32),
-                         valid=jnp.concatenate(valid))
+        return Instances(
+            opt=jnp.asarray(self.slot_opt),
+            target=jnp.concatenate(targets).astype(jnp.int32),
+            valid=jnp.concatenate(valid),
+        )
 
     def _reason(self, state, aid, opt, target):
         """Explicit reason of ``start`` for one instance: TargetAbsent, then NoPath."""
@@ -433,8 +447,9 @@ class MeltingPotOptions(OptionLibrary):
         # 3. Beam: at a pose, turn if the target is behind, wait for the cooldown, FIRE.
         face_ok = facing != paths.facing_toward(target, pos)  # not facing away from the target
         ready = self._cooldown(state, aid) == 0
-        beam_action = jnp.where(arrived, jnp.where(face_ok, jnp.where(ready, self.beam_action, mp.NOOP),
-                                                   mp.TURN_RIGHT), move_action)
+        beam_action = jnp.where(
+            arrived, jnp.where(face_ok, jnp.where(ready, self.beam_action, mp.NOOP), mp.TURN_RIGHT), move_action
+        )
         beam_drained = arrived & face_ok & ready
 
         # 4. Region: walk in, then turn to the region's arrival facing.
@@ -445,16 +460,23 @@ class MeltingPotOptions(OptionLibrary):
         turned = jnp.where(turn == mp.TURN_LEFT, (facing + 3) % 4, (facing + 1) % 4)
         here_ok = (want_here == ANY_FACING) | (facing == want_here)
         region_action = jnp.where(arrived, jnp.where(here_ok, mp.NOOP, turn), move_action)
-        region_drained = jnp.where(arrived, here_ok | (turned == want_here),
-                                   enters & ((want_next == ANY_FACING) | (facing == want_next)))
+        region_drained = jnp.where(
+            arrived, here_ok | (turned == want_here), enters & ((want_next == ANY_FACING) | (facing == want_next))
+        )
 
         # 5. Wait.
         wait_drained = ex.t + 1 >= WAIT_STEPS
 
-        action = jnp.select([kind == KIND_WALK_ONTO, kind == KIND_BEAM, kind == KIND_REGION],
-                            [walk_action, beam_action, region_action], mp.NOOP)
-        drained = jnp.select([kind == KIND_WALK_ONTO, kind == KIND_BEAM, kind == KIND_REGION],
-                             [walk_drained, beam_drained, region_drained], wait_drained)
+        action = jnp.select(
+            [kind == KIND_WALK_ONTO, kind == KIND_BEAM, kind == KIND_REGION],
+            [walk_action, beam_action, region_action],
+            mp.NOOP,
+        )
+        drained = jnp.select(
+            [kind == KIND_WALK_ONTO, kind == KIND_BEAM, kind == KIND_REGION],
+            [walk_drained, beam_drained, region_drained],
+            wait_drained,
+        )
         # 6. Abandon: the agent was removed, or the target object is gone (checked every step).
         gone = ~alive | ~self.target_exists(state, opt, target)
         action = jnp.where(gone, mp.NOOP, action).astype(jnp.int32)
@@ -476,8 +498,7 @@ def compass_toward(frm: np.ndarray, to: np.ndarray) -> np.ndarray:
     """
     d = np.asarray(to, float) - np.asarray(frm, float)
     vertical = np.abs(d[..., 0]) >= np.abs(d[..., 1])
-    code = np.where(vertical, np.where(d[..., 0] < 0, mp.NORTH, mp.SOUTH), np.where(d[..., 1] > 0, mp.EAST,
-                                                                                     mp.WEST))
+    code = np.where(vertical, np.where(d[..., 0] < 0, mp.NORTH, mp.SOUTH), np.where(d[..., 1] > 0, mp.EAST, mp.WEST))
     same = np.all(np.abs(d) < 0.5, axis=-1)
     return np.where(same, ANY_FACING, code).astype(np.int32)
 

@@ -94,43 +94,101 @@ COMPASS_TO_ACTION = jnp.array([oc.UP, oc.RIGHT, oc.DOWN, oc.LEFT], jnp.int32)
 # Overcooked facing code (0 N, 1 S, 2 E, 3 W) -> compass.
 FACING_TO_COMPASS = jnp.array([paths.NORTH, paths.SOUTH, paths.EAST, paths.WEST], jnp.int32)
 
-_INTERACT = ("Executor: BFS to an interact pose of the target, turn to face it, INTERACT (explicit failures: "
-             "TargetAbsent, NoPath{extra}). Termination: queue drained (after INTERACT) or timeout.")
+_INTERACT = (
+    "Executor: BFS to an interact pose of the target, turn to face it, INTERACT (explicit failures: "
+    "TargetAbsent, NoPath{extra}). Termination: queue drained (after INTERACT) or timeout."
+)
 
 # name, label, target class, read set, solo_only, instantiation, effect (delta form)
 _OPTIONS = (
-    ("pick_onion", "pick onion @ ({x}, {y})", "onion_dispenser", ("held",), False,
-     "one instance per onion dispenser", "pre held != onion and post held == onion"),
-    ("pick_dish", "pick dish @ ({x}, {y})", "plate_dispenser", ("held",), False,
-     "one instance per plate dispenser", "pre held != dish and post held == dish"),
-    ("place_in_pot", "place held item in pot @ ({x}, {y})", "pot", ("held", "tgt_pot_state"), False,
-     "one instance per pot",
-     "pre held == onion and post held == nothing and the target pot's onion count increased (private held "
-     "transition: a partner's placement is never credited)"),
-    ("start_cooking", "start cooking @ ({x}, {y})", "pot", ("held", "tgt_pot_state"), True,
-     "one instance per pot",
-     "target pot idle at initiation and cooking (or ready) at termination; no private component, so guards "
-     "are mined from solo episodes only"),
-    ("plate_soup", "plate soup @ ({x}, {y})", "pot", ("held", "tgt_pot_state"), False,
-     "one instance per pot", "pre held == dish and post held == soup"),
-    ("deliver", "deliver @ ({x}, {y})", "serving", ("held",), False,
-     "one instance per serving station", "pre held == soup and post held == nothing"),
-    ("drop_held", "drop held item on counter @ ({x}, {y})", "free_counter", ("held", "tgt_item"), False,
-     f"the {COUNTER_CAP} nearest free counters",
-     "pre held != nothing and post held == nothing and the target counter now holds the pre held item"),
-    ("pick_from_counter", "pick up from counter @ ({x}, {y})", "occupied_counter", ("held", "tgt_item"), False,
-     f"the {COUNTER_CAP} nearest counters holding an item",
-     "pre held == nothing and post held != nothing and the target counter is now empty"),
+    (
+        "pick_onion",
+        "pick onion @ ({x}, {y})",
+        "onion_dispenser",
+        ("held",),
+        False,
+        "one instance per onion dispenser",
+        "pre held != onion and post held == onion",
+    ),
+    (
+        "pick_dish",
+        "pick dish @ ({x}, {y})",
+        "plate_dispenser",
+        ("held",),
+        False,
+        "one instance per plate dispenser",
+        "pre held != dish and post held == dish",
+    ),
+    (
+        "place_in_pot",
+        "place held item in pot @ ({x}, {y})",
+        "pot",
+        ("held", "tgt_pot_state"),
+        False,
+        "one instance per pot",
+        "pre held == onion and post held == nothing and the target pot's onion count increased (private held "
+        "transition: a partner's placement is never credited)",
+    ),
+    (
+        "start_cooking",
+        "start cooking @ ({x}, {y})",
+        "pot",
+        ("held", "tgt_pot_state"),
+        True,
+        "one instance per pot",
+        "target pot idle at initiation and cooking (or ready) at termination; no private component, so guards "
+        "are mined from solo episodes only",
+    ),
+    (
+        "plate_soup",
+        "plate soup @ ({x}, {y})",
+        "pot",
+        ("held", "tgt_pot_state"),
+        False,
+        "one instance per pot",
+        "pre held == dish and post held == soup",
+    ),
+    (
+        "deliver",
+        "deliver @ ({x}, {y})",
+        "serving",
+        ("held",),
+        False,
+        "one instance per serving station",
+        "pre held == soup and post held == nothing",
+    ),
+    (
+        "drop_held",
+        "drop held item on counter @ ({x}, {y})",
+        "free_counter",
+        ("held", "tgt_item"),
+        False,
+        f"the {COUNTER_CAP} nearest free counters",
+        "pre held != nothing and post held == nothing and the target counter now holds the pre held item",
+    ),
+    (
+        "pick_from_counter",
+        "pick up from counter @ ({x}, {y})",
+        "occupied_counter",
+        ("held", "tgt_item"),
+        False,
+        f"the {COUNTER_CAP} nearest counters holding an item",
+        "pre held == nothing and post held != nothing and the target counter is now empty",
+    ),
     ("wait", "wait", NO_TARGET, (), False, "always one instance", "always true"),
 )
-(PICK_ONION, PICK_DISH, PLACE_IN_POT, START_COOKING, PLATE_SOUP, DELIVER, DROP_HELD, PICK_FROM_COUNTER,
- WAIT) = range(len(_OPTIONS))
+(PICK_ONION, PICK_DISH, PLACE_IN_POT, START_COOKING, PLATE_SOUP, DELIVER, DROP_HELD, PICK_FROM_COUNTER, WAIT) = range(
+    len(_OPTIONS)
+)
 
 
 def _contract(inst: str, opt: str, effect: str) -> str:
     extra = ", NothingHeld" if opt == "drop_held" else ""
-    ex = "Executor: one stay; never fails. Termination: after one step." if opt == "wait" else \
-        _INTERACT.format(extra=extra)
+    ex = (
+        "Executor: one stay; never fails. Termination: after one step."
+        if opt == "wait"
+        else _INTERACT.format(extra=extra)
+    )
     return f"Instantiation: {inst}. {ex} Effect: {effect}."
 
 
@@ -168,13 +226,15 @@ class OvercookedOptions(OptionLibrary):
 
         # 1. Static target lists per class.
         classes = {
-            "onion_dispenser": info.onion_dispensers, "plate_dispenser": info.plate_dispensers,
-            "pot": info.pots, "serving": info.serving,
+            "onion_dispenser": info.onion_dispensers,
+            "plate_dispenser": info.plate_dispensers,
+            "pot": info.pots,
+            "serving": info.serving,
         }
         self.class_targets = {k: np.asarray(v, np.int32) for k, v in classes.items()}
         ncap = 1 if nearest_only else COUNTER_CAP
         sizes = []
-        for name, _, cls, *_ in _OPTIONS:
+        for _name, _, cls, *_ in _OPTIONS:
             if cls in classes:
                 sizes.append(1 if nearest_only else len(classes[cls]))
             elif cls in ("free_counter", "occupied_counter"):
@@ -182,8 +242,15 @@ class OvercookedOptions(OptionLibrary):
             else:
                 sizes.append(1)
         self.options = tuple(
-            OptionSpec(name=n, label=lab, target_class=cls, read_set=rs, solo_only=solo, max_targets=k,
-                       contract=_contract(inst, n, eff))
+            OptionSpec(
+                name=n,
+                label=lab,
+                target_class=cls,
+                read_set=rs,
+                solo_only=solo,
+                max_targets=k,
+                contract=_contract(inst, n, eff),
+            )
             for (n, lab, cls, rs, solo, inst, eff), k in zip(_OPTIONS, sizes)
         )
         self.slot_opt = np.repeat(np.arange(len(_OPTIONS), dtype=np.int32), sizes)
@@ -231,8 +298,11 @@ class OvercookedOptions(OptionLibrary):
         is_pot = jnp.asarray(self.is_pot)[flat[:, 0], flat[:, 1]] & (target.reshape(-1, 2)[:, 0] >= 0)
         pot_state = jnp.where(is_pot, pot_state, P_NA)
         item = oc.cells_items(state, flat)
-        return item.reshape(target.shape[:-1]), pot_state.reshape(target.shape[:-1]), \
-            view.onions.reshape(target.shape[:-1])
+        return (
+            item.reshape(target.shape[:-1]),
+            pot_state.reshape(target.shape[:-1]),
+            view.onions.reshape(target.shape[:-1]),
+        )
 
     # -- protocol --------------------------------------------------------------------------------------------
 
@@ -296,8 +366,9 @@ class OvercookedOptions(OptionLibrary):
         absent = targeted & (target[..., 0] < 0)
         nothing = (opt == DROP_HELD) & (held == oc.ITEM_NONE)
         nopath = targeted & (self._dist_to(target, pos) >= paths.UNREACHABLE)
-        return jnp.where(absent, TARGET_ABSENT, jnp.where(nothing, NOTHING_HELD,
-                                                          jnp.where(nopath, NO_PATH, NO_REASON))).astype(jnp.int32)
+        return jnp.where(
+            absent, TARGET_ABSENT, jnp.where(nothing, NOTHING_HELD, jnp.where(nopath, NO_PATH, NO_REASON))
+        ).astype(jnp.int32)
 
     def live_reason(self, state, aid, inst: Instances):
         return self._reason(state, aid, inst.opt, inst.target)
@@ -307,8 +378,13 @@ class OvercookedOptions(OptionLibrary):
 
     def start(self, state, aid, opt, target):
         reason = self._reason(state, aid, opt, target)
-        ex = Exec(active=reason == NO_REASON, opt=jnp.int32(opt), target=jnp.asarray(target, jnp.int32),
-                  t=jnp.int32(0), aux=self.empty_aux())
+        ex = Exec(
+            active=reason == NO_REASON,
+            opt=jnp.int32(opt),
+            target=jnp.asarray(target, jnp.int32),
+            t=jnp.int32(0),
+            aux=self.empty_aux(),
+        )
         return ex, reason
 
     def idle_action(self) -> int:
@@ -326,8 +402,11 @@ class OvercookedOptions(OptionLibrary):
         # Walking: the neighbour closest to a pose (ties N < E < S < W).
         nbrs = pos[None] + paths.DELTAS
         inside = (nbrs >= 0).all(-1) & (nbrs < jnp.array(self.shape)).all(-1)
-        nd = jnp.where(inside, self._dist_to(jnp.broadcast_to(target, nbrs.shape), jnp.clip(
-            nbrs, 0, jnp.array(self.shape) - 1)), paths.UNREACHABLE)
+        nd = jnp.where(
+            inside,
+            self._dist_to(jnp.broadcast_to(target, nbrs.shape), jnp.clip(nbrs, 0, jnp.array(self.shape) - 1)),
+            paths.UNREACHABLE,
+        )
         step_dir = jnp.argmin(nd)
         can_step = nd[step_dir] < here
         action = jnp.where(
@@ -359,17 +438,19 @@ class OvercookedOptions(OptionLibrary):
             pick_dish = held1 == H_DISH
             place = post["tgt_onions"] > pre["tgt_onions"]
             plate = held1 == H_SOUP
-        table = jnp.stack([
-            pick_onion,
-            pick_dish,
-            place,
-            idle0 & cooking1,  # start_cooking: no private component (solo_only)
-            plate,
-            (held0 == H_SOUP) & (held1 == H_NOTHING),  # deliver
-            (held0 != H_NOTHING) & (held1 == H_NOTHING) & (post["tgt_item"] == held0),  # drop_held
-            (held0 == H_NOTHING) & (held1 != H_NOTHING) & (post["tgt_item"] == oc.ITEM_NONE),  # pick_from_counter
-            jnp.array(True),  # wait
-        ])
+        table = jnp.stack(
+            [
+                pick_onion,
+                pick_dish,
+                place,
+                idle0 & cooking1,  # start_cooking: no private component (solo_only)
+                plate,
+                (held0 == H_SOUP) & (held1 == H_NOTHING),  # deliver
+                (held0 != H_NOTHING) & (held1 == H_NOTHING) & (post["tgt_item"] == held0),  # drop_held
+                (held0 == H_NOTHING) & (held1 != H_NOTHING) & (post["tgt_item"] == oc.ITEM_NONE),  # pick_from_counter
+                jnp.array(True),  # wait
+            ]
+        )
         return table[opt]
 
 
