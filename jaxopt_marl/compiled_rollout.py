@@ -56,6 +56,7 @@ import numpy as np
 from flax import nnx
 
 from jaxopt_marl import macro, menus, parse_device, parsing, prompt_ids, prompts, rollout
+from jaxopt_marl import progress as progress_lib
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
 from jaxopt_marl.train_step import DecisionBatch, _rows_cache, prefix_cache
 from lora import sampling
@@ -315,6 +316,8 @@ class CompiledRoller:
         self._user_head, self._user_tail = head, tail
         self._device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         self._fn = jax.jit(self._collect)
+        # The same program with a progress callback after every wave (built on the first collect(progress=True)).
+        self._fn_progress = jax.jit(functools.partial(self._collect, progress=True))
         self._replay = {}  # view name -> jitted replay program (replay_view)
 
     # -- what the trainer reads (the host loop's LLMPolicy offers the same) --------------------------------
@@ -429,7 +432,7 @@ class CompiledRoller:
         )
         return letter.astype(jnp.int32), reason.astype(jnp.int32), logp, tokens, mask
 
-    def _collect(self, base, adapters, seeds, key, reference, active):
+    def _collect(self, base, adapters, seeds, key, reference, active, progress=False):
         lib, env, game, cfg = self.lib, self.env, self.game, self.cfg
         k, n, t_max = seeds.shape[0], self.n, self.steps
         r = k * n
@@ -565,6 +568,8 @@ class CompiledRoller:
             force = ((choice < 0) & need).any(axis=1)
             ms, traj, need, rec = advance(ms, c["traj"], env_keys, force)
             buf, pending = outcomes(buf, pending, rec)
+            if progress:  # the slowest episode's env step (steps), once the wave is played
+                progress_lib.reach(jnp.where(ms.env.done, t_max, ms.env.step).min())
             return dict(
                 ms=ms,
                 traj=traj,
@@ -604,13 +609,18 @@ class CompiledRoller:
             raise ValueError(f"active must be bool[{self.n}] or bool[{self.batch}, {self.n}], got {act.shape}")
         return jax.device_put((seeds, key, np.bool_(reference), np.ascontiguousarray(act)), self._device)
 
-    def run(self, adapters, base, seeds, key, reference: bool = False, active=None) -> CompiledResult:
-        """One compiled call: K episodes on ``seeds`` (device outputs; nothing is copied to the host)."""
+    def run(
+        self, adapters, base, seeds, key, reference: bool = False, active=None, progress: bool = False
+    ) -> CompiledResult:
+        """One compiled call: K episodes on ``seeds`` (device outputs; nothing is copied to the host).
+        ``progress``: the program variant that reports the slowest episode's env step after every wave to the
+        bar routed by :func:`jaxopt_marl.progress.route` (same outputs bit for bit; one host callback per
+        wave)."""
         seeds, key, ref, act = self.device_args(seeds, key, reference, active)
         # One placement for the weights whatever produced them (the update returns mesh-replicated arrays):
         # a different sharding would be a new jit signature, i.e. a recompile every round.
         base, adapters = jax.device_put((base, adapters), self._device)
-        return self._fn(base, adapters, seeds, key, ref, act)
+        return (self._fn_progress if progress else self._fn)(base, adapters, seeds, key, ref, act)
 
     def collect(
         self,
@@ -631,7 +641,8 @@ class CompiledRoller:
         its last seed, whose results are dropped); every episode's draws come from its own seed's keys, so the
         batching does not change any episode. ``adapters``/``base`` default to the model's current values.
         ``active`` is bool[N] (the same agents in every episode) or bool[len(seeds), N]. ``progress``: a tqdm bar
-        (``desc``) ticking once per compiled call of K episodes.
+        (``desc``) in env steps of the slowest episode of each call, moved after every decision wave from inside
+        the compiled program (:meth:`run`); its total is steps x calls.
 
         Returns:
             :class:`jaxopt_marl.rollout.RolloutResult` with host traces and trajectories; its ``device`` holds
@@ -653,21 +664,23 @@ class CompiledRoller:
         outs, batches = [], []
         starts = range(0, len(seeds), self.batch)
         bar = None
-        if progress:  # one tick per compiled call of K episodes (a call is one program: no finer progress)
+        if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(starts), desc=desc, unit=f"call of {self.batch} episodes", leave=False)
-        for j in starts:
-            ss = seeds[j : j + self.batch]
-            aa = act[j : j + self.batch]
-            pad = self.batch - len(ss)
-            ss = ss + [ss[-1]] * pad
-            aa = np.concatenate([aa, np.repeat(aa[-1:], pad, 0)]) if pad else aa
-            outs.append(self.run(adapters, base, ss, key, reference, aa))
-            batches.append(len(ss) - pad)
-            if bar is not None:
-                jax.block_until_ready(outs[-1])
-                bar.update(1)
+            bar = tqdm(total=len(starts) * self.steps, desc=desc, unit="step", leave=False)
+        with progress_lib.route(bar):
+            for call, j in enumerate(starts):
+                ss = seeds[j : j + self.batch]
+                aa = act[j : j + self.batch]
+                pad = self.batch - len(ss)
+                ss = ss + [ss[-1]] * pad
+                aa = np.concatenate([aa, np.repeat(aa[-1:], pad, 0)]) if pad else aa
+                progress_lib.set_offset(call * self.steps)
+                outs.append(self.run(adapters, base, ss, key, reference, aa, progress=bar is not None))
+                batches.append(len(ss) - pad)
+                if bar is not None:  # every callback of this call delivered before the offset moves
+                    jax.block_until_ready(outs[-1])
+                    jax.effects_barrier()
         if bar is not None:
             bar.close()
         host = [jax.device_get(o) for o in outs]

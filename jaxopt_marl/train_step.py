@@ -37,7 +37,7 @@ Design choices:
   shapes, fewer compiles -- costs no extra forward or backward.
 - *Progress.* ``make_train_step(..., progress=True)`` compiles one host tick per micro-batch into ``prepare``'s
   scoring and ``update``'s accumulation (:func:`jax.debug.callback`, after the micro-batch's outputs exist);
-  the host counts the ticks into the tqdm bar of :func:`progress_bar` (nothing when none is open). The update
+  the host counts the ticks into the tqdm bar routed by :func:`jaxopt_marl.progress.route` (nothing when none is). The update
   is one program (epochs and minibatches are scanned), so a host loop could only tick per call, and the CPU
   preset's update is one epoch of one minibatch: per-micro-batch ticks are the only granularity that shows
   progress there. A tick reads nothing the update computes with and returns nothing, so the numerics are
@@ -51,7 +51,6 @@ Design choices:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -65,32 +64,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxopt_marl import magrpo
+from jaxopt_marl import progress as progress_lib
 from lora.model import Decoder, KVCache
 
 # Mesh axis over decisions.
 DATA_AXIS = "data"
-# The open progress bar of :func:`progress_bar` (None: ticks are dropped).
-_PROGRESS: dict[str, Any] = {"bar": None}
-
-
-def _tick(*_) -> None:
-    """Host side of one micro-batch tick (``jax.debug.callback``): advances the open bar by one."""
-    bar = _PROGRESS["bar"]
-    if bar is not None:
-        bar.update(1)
-
-
-@contextlib.contextmanager
-def progress_bar(bar):
-    """Routes the ticks of a ``progress=True`` train step to ``bar`` (anything with ``update(n)``, e.g. a tqdm
-    bar; None = drop them) while the block runs. The caller must wait for the programs it starts inside the
-    block (``jax.block_until_ready``, then ``jax.effects_barrier()``) before leaving it, or the later ticks are
-    dropped."""
-    prev, _PROGRESS["bar"] = _PROGRESS["bar"], bar
-    try:
-        yield bar
-    finally:
-        _PROGRESS["bar"] = prev
 
 
 def micro_batch_size(config: magrpo.MAGRPOConfig, size: int) -> int:
@@ -497,7 +475,7 @@ def make_train_step(
         donate: donate the adapter and optimizer buffers to ``update`` (callers must then not reuse
             the arguments).
         progress: compile one host tick per micro-batch into ``prepare`` and ``update`` (module docstring;
-            counted by :func:`progress_bar`, :func:`progress_ticks` per call).
+            routed by :func:`jaxopt_marl.progress.route`, :func:`progress_ticks` per call).
 
     Returns:
         :class:`TrainStep`.
@@ -523,7 +501,7 @@ def make_train_step(
     def tick(*deps):
         """One progress tick once ``deps`` (a micro-batch's outputs) are computed; nothing if not ``progress``."""
         if progress:
-            jax.debug.callback(_tick, *deps)
+            progress_lib.tick(*deps)
 
     def micro_of(size):
         micro = micro_batch_size(config, size)

@@ -59,6 +59,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxopt_marl import magrpo
+from jaxopt_marl import progress as progress_lib
 from jaxopt_marl import train_step as ts
 from jaxopt_marl.rollout import Roller, RolloutResult
 from lora import checkpoint as ckpt
@@ -442,7 +443,7 @@ class Trainer:
                     desc=f"round {r} update ({batch.num_decisions} rows: reference "
                     f"scoring, then {self.mcfg.epochs} epoch(s))",
                 )
-            with ts.progress_bar(bar):
+            with progress_lib.route(bar):
                 batch = self.step.prepare(self.base, self.state.adapters, batch)
                 adapters, opt_state, m = jax.block_until_ready(
                     self.step.update(self.base, self.state.adapters, self.state.opt_state, batch, k_upd)

@@ -53,6 +53,19 @@ def tiny_compiled_roller(game, steps, policy_cfg, batch=2):
     )
 
 
+class CountingBar:
+    """A stand-in tqdm bar for :func:`jaxopt_marl.progress.route`: its position ``n`` and the number of
+    ``update`` calls."""
+
+    def __init__(self):
+        self.n = 0
+        self.calls = 0
+
+    def update(self, k):
+        self.n += k
+        self.calls += 1
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Option libraries
 # ---------------------------------------------------------------------------------------------------------

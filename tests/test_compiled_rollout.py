@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from jaxopt_marl import compiled_rollout as cr
-from jaxopt_marl import guards, magrpo, options, rollout
+from jaxopt_marl import guards, magrpo, options, progress, rollout
 from jaxopt_marl import train_step as ts
 from lora import LoRAConfig, split_model
+from tests.helpers import CountingBar
 
 STEPS = 16
 # One branch (rows padded to 4, one column width): compiles fast; chunking itself is tested separately.
@@ -63,6 +64,26 @@ def test_same_seed_same_trajectory_and_no_transfer(oc_sample):
     assert (np.asarray(a.traj["positions"]) >= 0).all()
     acts = np.asarray(a.traj["actions"])
     assert acts.min() >= 0 and acts.max() < 6
+
+
+def test_progress_after_every_wave_changes_nothing(oc_choice):
+    """``progress=True`` reports the slowest episode's env step after every wave (from inside the program) and
+    changes no output: the same call without it gives the same arrays bit for bit."""
+    r = oc_choice
+    _, ad, base = split_model(r.model)
+    plain = jax.block_until_ready(r.run(ad, base, [3, 4], jax.random.PRNGKey(7)))
+    bar = CountingBar()
+    with progress.route(bar, offset=r.steps):
+        shown = jax.block_until_ready(r.run(ad, base, [3, 4], jax.random.PRNGKey(7), progress=True))
+        jax.effects_barrier()
+    _same(plain, shown)
+    assert bar.n == 2 * r.steps  # the offset + the last step of the slowest episode
+    assert 1 < bar.calls <= int(shown.waves)  # moved during the call, at most once per wave
+    # collect(progress=True) plays several calls on one tqdm bar and returns what collect() does.
+    key = jax.random.PRNGKey(3)
+    a, b = r.collect([5, 6, 7], key, progress=True), r.collect([5, 6, 7], key)
+    np.testing.assert_array_equal(a.returns, b.returns)
+    assert [(t["step"], t["response_ids"]) for t in a.traces] == [(t["step"], t["response_ids"]) for t in b.traces]
 
 
 def test_episode_independent_of_its_batch(oc_sample):

@@ -15,8 +15,10 @@ import pytest
 from flax import nnx
 
 from jaxopt_marl import magrpo
+from jaxopt_marl import progress as progress_lib
 from jaxopt_marl import train_step as ts
 from lora import Decoder, LoRAConfig, ModelConfig, sampling, split_model
+from tests.helpers import CountingBar
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 64
@@ -484,16 +486,6 @@ def test_restricted_choice_logprob_is_softmax_over_candidates(three_agents):
         ts.pack_decisions([[1, 2]], [[3, 4]], [0], [0.0], choices=[[3, 4]])
 
 
-class _Count:
-    """A stand-in progress bar: counts ``update(n)``."""
-
-    def __init__(self):
-        self.n = 0
-
-    def update(self, k):
-        self.n += k
-
-
 def test_progress_ticks_per_micro_batch_leave_the_update_bit_identical():
     """``progress=True`` ticks once per micro-batch (padding-only chunks included) in ``prepare`` and in every
     step of ``update``, and changes nothing it computes: adapters, optimizer state, metrics and log-probs
@@ -507,8 +499,8 @@ def test_progress_ticks_per_micro_batch_leave_the_update_bit_identical():
     out = {}
     for progress in (False, True):
         step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3, progress=progress)
-        bar = _Count()
-        with ts.progress_bar(bar):
+        bar = CountingBar()
+        with progress_lib.route(bar):
             batch = jax.block_until_ready(step.prepare(base, adapters, host))
             jax.effects_barrier()
             assert bar.n == (4 if progress else 0)
@@ -518,7 +510,7 @@ def test_progress_ticks_per_micro_batch_leave_the_update_bit_identical():
             jax.effects_barrier()
         assert bar.n == (12 if progress else 0)
         out[progress] = (batch.logp_ref, res)
-    with ts.progress_bar(_Count()) as outside:
+    with progress_lib.route(CountingBar()) as outside:
         pass
     assert outside.n == 0
     for a, b in zip(jax.tree.leaves(out[False]), jax.tree.leaves(out[True])):
