@@ -482,9 +482,6 @@ class EvalRecord:
             highest training-time team return); checkpoint_round: the round whose rollouts they played;
             checkpoint_train_return: that round's mean training team return, or None.
         stats: :func:`jaxopt_marl.stats.eval_stats` of the team returns (CIs, Mann–Whitney U), or None.
-
-    The file also holds ``episodes`` and ``summary``, copies of ``trained``'s (written for readers of the earlier
-    layout; :meth:`load` reads ``trained``).
     """
 
     game: str
@@ -512,8 +509,6 @@ class EvalRecord:
             "checkpoint_train_return": self.checkpoint_train_return,
             "trained": t,
             "base": None if self.base is None else self.base.to_dict(),
-            "episodes": t["episodes"],
-            "summary": t["summary"],
             "stats": self.stats,
         }
 
