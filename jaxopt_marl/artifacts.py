@@ -1,7 +1,8 @@
 """Typed records of the files a run writes and the report reads, each with ``save`` and ``load``.
 
-One definition per file, shared by the writer (:mod:`experiments.common`) and the readers
-(:mod:`jaxopt_marl.report`, :mod:`jaxopt_marl.audit`), so the two sides cannot disagree on a key name:
+One definition per file, shared by the writers (:mod:`jaxopt_marl.pipeline`'s steps :mod:`jaxopt_marl.evaluation`,
+:mod:`jaxopt_marl.solo_test`) and the readers (:mod:`jaxopt_marl.report`, :mod:`jaxopt_marl.audit`), so the two
+sides cannot disagree on a key name:
 
 - :class:`EvalTrajectories` — ``eval_traj.npz``: per-step trajectories of the evaluation episodes (trained
   adapters, and the frozen base when it was evaluated) plus the map layers the audits need (walls, terrain,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments import common
-from jaxopt_marl import config, preflight
+from jaxopt_marl import burnin, config, preflight
 from tests.conftest import run_cli
 
 # config.json keys written before RunConfig held its update hyper-parameters in a MAGRPOConfig.
@@ -110,6 +110,25 @@ def test_smoke_run_writes_every_file(smoke_run):
     assert "**Run folder size**: " in report and "(`checkpoints/` " in report
     assert (out / "checkpoints" / "2" / "checksums.json").exists()
     assert all((d / "checksums.json").exists() for d in (out / "best").iterdir() if d.name.isdigit())
+    # best/ is only evaluated: adapters without the optimizer state. Every checkpoint's meta holds the LoRA config.
+    best_steps = [d for d in (out / "best").iterdir() if d.name.isdigit()]
+    assert best_steps and not any((d / "opt_state").exists() for d in best_steps)
+    for step in [out / "checkpoints" / "2", *best_steps]:
+        metas = [json.loads(f.read_text()) for f in (step / "meta").rglob("*") if f.is_file()]
+        assert any(m.get("lora", {}).get("rank") == 2 and m["lora"]["alpha"] == 4.0 for m in metas), step
+    assert (cfg["lora_alpha"], cfg["min_support"]) == (4.0, 5)
+    # burnin.json: the layout experiments.burnin writes too (jaxopt_marl.burnin.BurninSummary).
+    bs = burnin.BurninSummary.load(out / "burnin" / "burnin.json")
+    assert (bs.game, bs.episodes, bs.solo_episodes, bs.joint_episodes, bs.steps, bs.min_support) == (
+        "overcooked_aa",
+        16,
+        8,
+        8,
+        12,
+        5,
+    )
+    guard_lines = [x for x in (out / "guards.jsonl").read_text().splitlines() if x.strip()]
+    assert sum(bs.guards_per_option.values()) == bs.guards == len(guard_lines)
     assert "### Statistics (paper §6.1)" in report and "Mann–Whitney U (two-sided, trained vs frozen_base" in report
 
 
