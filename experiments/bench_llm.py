@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for flag in ("batch", "new_tokens", "repeats"):
         positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
-    from experiments.common import check_model
+    from jaxopt_marl.preflight import check_model
 
     check_model(args.model)  # a missing, truncated or misshapen model file: before any compute
     from lora.tokenizer import render_chat  # imports transformers (and its torch notice): after the checks

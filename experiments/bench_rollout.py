@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="write the results JSON here")
     args = ap.parse_args(argv)
 
-    from experiments.common import GAMES, InputError, check_model
+    from jaxopt_marl.config import GAMES
+    from jaxopt_marl.errors import InputError
+    from jaxopt_marl.preflight import check_model
 
     if args.game not in GAMES:
         raise InputError(f"unknown game {args.game!r}; valid games: {', '.join(GAMES)}")
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     compiled_guards = G.compile_guards(guards, lib.vocab)
     print(f"burn-in: {bi.decisions} decisions, {len(guards)} guards ({time.perf_counter() - t0:.1f} s)")
     spec = None if args.model == "default" else args.model
-    lcfg = LoRAConfig(num_adapters=n, rank=32 if n == 7 else 16, alpha=64.0 if n == 7 else 32.0)
+    lcfg = LoRAConfig.for_rank(n, 32 if n == 7 else 16)
     model, tok = rollout.load_policy_model(spec, lcfg, seed=args.seed)
     pcfg = rollout.PolicyConfig(mode=args.mode, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     chunks = cr.ChunkConfig.for_backend(rows=args.rollouts * n, mode=args.mode)

@@ -103,9 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = ModelConfig(**SHAPES[a.shape])
     dtype = jnp.bfloat16 if a.dtype == "bfloat16" else jnp.float32
     t0 = time.perf_counter()
-    model = Decoder(
-        cfg, LoRAConfig(num_adapters=a.agents, rank=a.rank, alpha=2.0 * a.rank), dtype=dtype, rngs=nnx.Rngs(0)
-    )
+    model = Decoder(cfg, LoRAConfig.for_rank(a.agents, a.rank), dtype=dtype, rngs=nnx.Rngs(0))
     graphdef, adapters, base = split_model(model)
     del model
     init_s = time.perf_counter() - t0

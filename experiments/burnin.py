@@ -3,7 +3,8 @@
 ``python -m experiments.burnin --game overcooked_aa --episodes 2000 --out runs/burnin_aa`` runs ``episodes`` solo
 plus ``episodes`` all-agent episodes (the paper's AA burn-in is 2,000 + 2,000) and writes
 ``DIR/records.parquet``, ``DIR/guards.jsonl`` and ``DIR/burnin.json`` (episodes, decisions, seconds,
-decisions per second, guards per option).
+decisions per second, guards per option: :class:`jaxopt_marl.burnin.BurninSummary`, the layout a run's
+``burnin/`` shares). ``--min-support`` sets the guard synthesis' failure threshold (paper §5.1: 5).
 
 Bad input (an unknown game, a count below 1, an ``--out`` that is a file or not writable, a bad flag value)
 fails before any compute with one line ``error: ...`` and exit status 2 (``--debug``: the traceback too;
@@ -13,14 +14,15 @@ fails before any compute with one line ``error: ...`` and exit status 2 (``--deb
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from collections import Counter
 from pathlib import Path
 
 from experiments.cli import ArgParser, InputError, positive, run_cli
 
+# jaxopt_marl.config.GAMES and jaxopt_marl.guards.MIN_SUPPORT (paper §5.1: 5), spelled here so that the bad-input
+# checks run before JAX is imported (tests/test_bad_input.py checks both against the library's).
 GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
+MIN_SUPPORT = 5
 PROG = "python -m experiments.burnin"
 
 
@@ -40,6 +42,8 @@ class Args:
     """Episodes per jitted call (bounds memory)."""
     steps: int | None = None
     """Steps per episode (default: the game's episode length)."""
+    min_support: int = MIN_SUPPORT
+    """Guard synthesis: the fewest failures a guard must explain (paper §5.1 Stage 3: 5)."""
 
     def __post_init__(self):
         """Raises InputError on an unknown game or a count below 1 (naming the flag and the value)."""
@@ -48,6 +52,7 @@ class Args:
         positive("--episodes", self.episodes)
         positive("--chunk", self.chunk)
         positive("--steps", self.steps)
+        positive("--min-support", self.min_support)
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -73,8 +78,22 @@ def parse_args(argv: list[str]) -> Args:
     ap.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     ap.add_argument("--chunk", type=int, default=1000, help="episodes per jitted call, bounds memory (default 1000)")
     ap.add_argument("--steps", type=int, default=None, help="steps per episode (default: the game's episode length)")
+    ap.add_argument(
+        "--min-support",
+        type=int,
+        default=MIN_SUPPORT,
+        help=f"fewest failures a guard must explain (paper §5.1 Stage 3; default {MIN_SUPPORT})",
+    )
     a = ap.parse_args(argv)
-    return Args(game=a.game, episodes=a.episodes, out=a.out, seed=a.seed, chunk=a.chunk, steps=a.steps)
+    return Args(
+        game=a.game,
+        episodes=a.episodes,
+        out=a.out,
+        seed=a.seed,
+        chunk=a.chunk,
+        steps=a.steps,
+        min_support=a.min_support,
+    )
 
 
 def main(args: Args) -> dict:
@@ -84,8 +103,8 @@ def main(args: Args) -> dict:
         InputError: (before any compute) the game's option library is not available, or ``args.out`` is not a
             directory that exists or can be created.
     """
-    from experiments.common import check_out_dir
     from jaxopt_marl import options
+    from jaxopt_marl.preflight import check_out_dir
 
     check_out_dir(args.out)
     try:
@@ -96,8 +115,6 @@ def main(args: Args) -> dict:
     import jax
 
     from jaxopt_marl import burnin
-    from jaxopt_marl.guards import write_guards
-    from jaxopt_marl.records import write_records
 
     env = lib.env if hasattr(lib, "env") else None
     if env is None:
@@ -112,33 +129,24 @@ def main(args: Args) -> dict:
     result = burnin.run_burnin(
         lib, env, args.episodes, args.episodes, seed=args.seed, chunk=args.chunk, num_steps=args.steps, progress=True
     )
-    t_run = time.perf_counter() - t0
     t1 = time.perf_counter()
-    guards = burnin.synthesize(lib, result.codes)
+    guards = burnin.synthesize(lib, result.codes, min_support=args.min_support)
     t_guards = time.perf_counter() - t1
-    args.out.mkdir(parents=True, exist_ok=True)
-    rec_path = write_records(burnin.to_table(lib, result.codes), args.out / "records.parquet")
-    guard_path = write_guards(guards, args.out / "guards.jsonl")
-    per_opt = Counter(g.opt for g in guards)
-    summary = {
-        "game": args.game,
-        "episodes": result.episodes,
-        "solo_episodes": result.solo_episodes,
-        "joint_episodes": result.episodes - result.solo_episodes,
-        "decisions": result.decisions,
-        "seconds": round(t_run, 3),
-        "seconds_guards": round(t_guards, 3),
-        "decisions_per_s": round(result.decisions / max(t_run, 1e-9), 1),
-        "guards": len(guards),
-        "guards_per_option": {o: per_opt.get(o, 0) for o in lib.option_names},
-        "seed": args.seed,
-    }
-    (args.out / "burnin.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary = burnin.write_outputs(
+        lib,
+        result,
+        guards,
+        args.out,
+        seed=args.seed,
+        seconds_guards=t_guards,
+        steps=args.steps or int(env.max_steps),
+        min_support=args.min_support,
+    ).to_dict()
     print(
-        f"{result.decisions} decisions in {t_run:.2f} s ({summary['decisions_per_s']:.0f}/s, compile included); "
-        f"{len(guards)} guards in {t_guards:.2f} s"
+        f"{result.decisions} decisions in {result.seconds:.2f} s ({summary['decisions_per_s']:.0f}/s, compile "
+        f"included; {time.perf_counter() - t0:.2f} s in all); {len(guards)} guards in {t_guards:.2f} s"
     )
-    print(f"wrote {rec_path}, {guard_path}, {args.out / 'burnin.json'}")
+    print(f"wrote {args.out / 'records.parquet'}, {args.out / 'guards.jsonl'}, {args.out / burnin.BURNIN_JSON}")
     return summary
 
 

@@ -18,17 +18,9 @@ import sys
 import traceback
 from collections.abc import Callable
 
-# Exit status of InputError from the command line (argparse's for bad usage).
-INPUT_ERROR_STATUS = 2
+from jaxopt_marl.errors import INPUT_ERROR_STATUS, InputError  # noqa: F401 (re-exported)
+
 DEBUG_FLAG = "--debug"
-
-
-class InputError(SystemExit):
-    """Bad command-line input, raised before any compute; :func:`run_cli` prints the message and exits with
-    status :data:`INPUT_ERROR_STATUS` (raised uncaught, a SystemExit with a message exits with status 1)."""
-
-    def __init__(self, msg: str):
-        super().__init__(f"error: {msg}")
 
 
 class ArgParser(argparse.ArgumentParser):

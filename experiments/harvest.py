@@ -1,7 +1,7 @@
 """``python -m experiments.harvest``: PA-MAGRPO on Commons Harvest (7 agents, 400-step episodes) (paper §5-§6).
 
 burn-in -> guards -> per-agent LoRA training -> evaluation on seeds 10000.. (trained adapters and the frozen base)
--> report, into ``runs/<name>/`` (see :mod:`experiments.common` for presets, flags and the run directory).
+-> report, into ``runs/<name>/`` (presets: :mod:`jaxopt_marl.config`; flags: :mod:`experiments.common`; the run directory: :mod:`jaxopt_marl.pipeline`).
 Default without an accelerator: ``--preset cpu`` (a reduced budget, said so in the output).
 """
 

@@ -1,7 +1,8 @@
 """Typed records of the files a run writes and the report reads, each with ``save`` and ``load``.
 
-One definition per file, shared by the writer (:mod:`experiments.common`) and the readers
-(:mod:`jaxopt_marl.report`, :mod:`jaxopt_marl.audit`), so the two sides cannot disagree on a key name:
+One definition per file, shared by the writers (:mod:`jaxopt_marl.pipeline`'s steps :mod:`jaxopt_marl.evaluation`,
+:mod:`jaxopt_marl.solo_test`) and the readers (:mod:`jaxopt_marl.report`, :mod:`jaxopt_marl.audit`), so the two
+sides cannot disagree on a key name:
 
 - :class:`EvalTrajectories` — ``eval_traj.npz``: per-step trajectories of the evaluation episodes (trained
   adapters, and the frozen base when it was evaluated) plus the map layers the audits need (walls, terrain,
@@ -482,9 +483,6 @@ class EvalRecord:
             highest training-time team return); checkpoint_round: the round whose rollouts they played;
             checkpoint_train_return: that round's mean training team return, or None.
         stats: :func:`jaxopt_marl.stats.eval_stats` of the team returns (CIs, Mann–Whitney U), or None.
-
-    The file also holds ``episodes`` and ``summary``, copies of ``trained``'s (written for readers of the earlier
-    layout; :meth:`load` reads ``trained``).
     """
 
     game: str
@@ -512,8 +510,6 @@ class EvalRecord:
             "checkpoint_train_return": self.checkpoint_train_return,
             "trained": t,
             "base": None if self.base is None else self.base.to_dict(),
-            "episodes": t["episodes"],
-            "summary": t["summary"],
             "stats": self.stats,
         }
 

@@ -16,13 +16,20 @@ Episodes come in two kinds (§5.1 Defect 2: options with no private component ar
 A whole episode is one ``lax.scan`` over ``T`` env steps; a chunk of episodes is one ``vmap`` of it (chunked to
 bound memory). Each episode fills a fixed ``[T, A]`` record buffer (:class:`jaxopt_marl.macro.Rec`); the host
 keeps the valid rows and builds the Parquet table with :func:`jaxopt_marl.records.records_from_arrays`.
+
+Outputs (:func:`write_outputs`, one layout for ``python -m experiments.burnin`` and a run's ``burnin/``):
+``records.parquet`` (the records), ``guards.jsonl`` (the synthesized guards; a run keeps it at the run's top
+level) and ``burnin.json`` (:class:`BurninSummary`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +37,9 @@ import numpy as np
 import pyarrow as pa
 
 from jaxopt_marl import macro
-from jaxopt_marl.guards import GuardList, synthesize_guards
+from jaxopt_marl.guards import MIN_SUPPORT, GuardList, synthesize_guards, write_guards
 from jaxopt_marl.options.base import OptionLibrary
-from jaxopt_marl.records import RecordCodes, records_from_arrays
+from jaxopt_marl.records import RecordCodes, records_from_arrays, write_records
 
 #: Default episodes per jitted chunk (memory: chunk * T * A record rows).
 DEFAULT_CHUNK = 500
@@ -179,4 +186,125 @@ def synthesize(lib: OptionLibrary, codes: RecordCodes, **kwargs) -> GuardList:
     return synthesize_guards(codes, lib.vocab, lib.read_sets, solo_only=lib.solo_only, **kwargs)
 
 
-__all__ = ["DEFAULT_CHUNK", "BurninResult", "episode_plan", "make_episodes_fn", "run_burnin", "synthesize", "to_table"]
+#: The burn-in summary's file name (in the burn-in directory).
+BURNIN_JSON = "burnin.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class BurninSummary:
+    """``burnin.json``: what a burn-in and its guard synthesis did (one layout for every writer).
+
+    Attributes:
+        game: the game.
+        episodes, solo_episodes, joint_episodes: episodes run (solo + joint), of which solo, joint.
+        decisions: completed option executions (= records).
+        seconds: wall time of the episode loop (compile included); decisions_per_s: decisions per such second.
+        seconds_guards: wall time of the guard synthesis.
+        guards: guards synthesized; guards_per_option: their count per option name (every option, in menu order).
+        seed: the burn-in's PRNG seed; steps: steps per episode; min_support: the synthesis' failure threshold.
+    """
+
+    game: str
+    episodes: int
+    solo_episodes: int
+    joint_episodes: int
+    decisions: int
+    seconds: float
+    seconds_guards: float
+    decisions_per_s: float
+    guards: int
+    guards_per_option: dict
+    seed: int
+    steps: int | None = None
+    min_support: int = MIN_SUPPORT
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> BurninSummary:
+        """Raises FileNotFoundError, or ValueError naming the file and what is missing or wrong."""
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist")
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} is not valid JSON ({type(e).__name__}: {e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path} is not a JSON object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in d.items() if k in names})
+        except TypeError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+
+def summarize(
+    lib: OptionLibrary,
+    result: BurninResult,
+    guards: GuardList,
+    *,
+    seed: int,
+    seconds_guards: float,
+    steps: int | None = None,
+    min_support: int = MIN_SUPPORT,
+) -> BurninSummary:
+    """The :class:`BurninSummary` of ``result`` and the ``guards`` synthesized from it."""
+    per_opt = Counter(g.opt for g in guards)
+    return BurninSummary(
+        game=lib.game,
+        episodes=result.episodes,
+        solo_episodes=result.solo_episodes,
+        joint_episodes=result.episodes - result.solo_episodes,
+        decisions=result.decisions,
+        seconds=round(result.seconds, 3),
+        seconds_guards=round(seconds_guards, 3),
+        decisions_per_s=round(result.decisions_per_s, 1),
+        guards=len(guards),
+        guards_per_option={o: per_opt.get(o, 0) for o in lib.option_names},
+        seed=int(seed),
+        steps=None if steps is None else int(steps),
+        min_support=int(min_support),
+    )
+
+
+def write_outputs(
+    lib: OptionLibrary,
+    result: BurninResult,
+    guards: GuardList,
+    out_dir: str | Path,
+    *,
+    guard_path: str | Path | None = None,
+    **summary,
+) -> BurninSummary:
+    """Writes ``out_dir/records.parquet``, the guards (``guard_path``, default ``out_dir/guards.jsonl``) and
+    ``out_dir/burnin.json`` (:func:`summarize` with ``summary``: seed, seconds_guards, steps, min_support);
+    returns the summary."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_records(to_table(lib, result.codes), out_dir / "records.parquet")
+    write_guards(guards, Path(guard_path) if guard_path is not None else out_dir / "guards.jsonl")
+    s = summarize(lib, result, guards, **summary)
+    s.save(out_dir / BURNIN_JSON)
+    return s
+
+
+__all__ = [
+    "BURNIN_JSON",
+    "DEFAULT_CHUNK",
+    "BurninResult",
+    "BurninSummary",
+    "episode_plan",
+    "make_episodes_fn",
+    "run_burnin",
+    "summarize",
+    "synthesize",
+    "to_table",
+    "write_outputs",
+]

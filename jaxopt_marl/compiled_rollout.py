@@ -274,6 +274,7 @@ class CompiledRoller:
         batch: int = 4,
         chunks: ChunkConfig | None = None,
         max_prompt_len: int | None = None,
+        prompt: prompt_ids.PromptIds | None = None,
     ):
         from lora import split_model
 
@@ -292,7 +293,8 @@ class CompiledRoller:
                 f"{game}: the model has {n_adapters} adapters, the policy needs {want} "
                 f"({'shared adapter' if cfg.shared_adapter else 'one per agent'})"
             )
-        self.prompt = prompt_ids.PromptIds(
+        # ``prompt``: the caller's, already built for this game, tokenizer, mode and episode length (checked once).
+        self.prompt = prompt or prompt_ids.PromptIds(
             game, env, lib, tokenizer, mode=cfg.mode, max_steps=self.steps, max_len=max_prompt_len
         )
         self.chunks = chunks or ChunkConfig.for_backend(rows=self.batch * self.n, mode=cfg.mode)

@@ -148,4 +148,20 @@ def gif_caption(seed: int, policy: str = "trained adapters") -> str:
     return f"{policy}, evaluation episode 0 (seed {seed}), replayed from its recorded actions"
 
 
-__all__ = ["annotate_frames", "legend_for", "write_episode_gif", "gif_caption"]
+def write_eval_gif(
+    roller, env: Any, game: str, seed: int, key, actions: np.ndarray, checkpoint_round: int, path: str | Path
+) -> Path:
+    """The run's ``episode.gif``: the first evaluation episode (``eval.json``'s episode 0, ``seed``) replayed from
+    its recorded primitive actions (int32[T, N]) with the same env keys
+    (:meth:`jaxopt_marl.compiled_rollout.CompiledRoller.replay_frames`) and rendered, with a step counter, a
+    caption and a colour legend, at 8 frames per second."""
+    return write_episode_gif(
+        roller.replay_frames(seed, key, actions),
+        path,
+        env,
+        f"{game}: " + gif_caption(seed, f"trained adapters of round {checkpoint_round}"),
+        fps=8,
+    )
+
+
+__all__ = ["annotate_frames", "gif_caption", "legend_for", "write_episode_gif", "write_eval_gif"]

@@ -116,7 +116,8 @@ class MAGRPOConfig:
 
     # [K] joint rollouts per round (paper: 4 for Cleanup / Harvest, 6 for Overcooked).
     num_rollouts: int = 4
-    # Sampling temperature of the rollouts (paper: 0.7, Overcooked 0.9); used by the rollout loop.
+    # Sampling temperature of the rollouts (paper: 0.7, Overcooked 0.9), > 0; the update's log-probs are those of
+    # the tempered distribution, and a run's policy reads the same value (jaxopt_marl.config.RunConfig).
     temperature: float = 0.7
     # [epsilon] PPO clip range (paper: 0.2).
     clip_eps: float = 0.2
@@ -158,6 +159,8 @@ class MAGRPOConfig:
                 "num_rollouts, epochs and num_minibatches must be >= 1, got "
                 f"{self.num_rollouts}, {self.epochs}, {self.num_minibatches}"
             )
+        if not self.temperature > 0:  # the update divides the logits by it: T = 0 gives -inf log-probs
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0.0 < self.clip_eps < 1.0:
             raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.kl_beta < 0 or self.learning_rate <= 0 or self.weight_decay < 0:
@@ -183,12 +186,13 @@ class MAGRPOConfig:
     @classmethod
     def paper(cls, game: str = "cleanup", **overrides) -> MAGRPOConfig:
         """§6.1 settings: Cleanup / Harvest (lr 5e-5, K 4, T 0.7) or Overcooked (lr 2e-5, K 6, T 0.9)."""
+        from jaxopt_marl.config import PAPER, PAPER_UPDATE_KEYS  # the per-game values, declared once there
+
         if game.startswith("overcooked"):
-            base = dict(learning_rate=2e-5, num_rollouts=6, temperature=0.9)
-        elif game in ("cleanup", "harvest"):
-            base = dict(learning_rate=5e-5, num_rollouts=4, temperature=0.7)
-        else:
+            game = "overcooked_aa"
+        if game not in PAPER:
             raise ValueError(f"unknown game {game!r}; known: cleanup, harvest, overcooked_*")
+        base = {k: PAPER[game][k] for k in PAPER_UPDATE_KEYS}
         return cls(**{**base, **overrides})
 
     @classmethod

@@ -10,14 +10,16 @@ One round ``r``:
    the reference log-probs (adapters off) are scored by the update's own program (``TrainStep.prepare``), then E
    epochs of per-agent PPO-clip + KL (``TrainStep.update``) change each agent's adapter on its own decisions;
    theta_old's log-probs are the first step's own forward (one minibatch), or scored by ``prepare`` too (several);
-4. adapters, optimizer state and the round number are checkpointed atomically (:mod:`lora.checkpoint`), the
+4. adapters, optimizer state, the round number and the LoRA config (meta ``lora``: rank, alpha, ...; a restore
+   into a model of other LoRA settings names them instead of failing as corrupt) are checkpointed atomically
+   (:mod:`lora.checkpoint`), the
    decisions go to ``decisions/round_XXXX.jsonl`` and one line with namespaced keys to ``metrics.jsonl``.
 
 Checkpoint rule (paper §6.1: "highest training-time team return"): the K rollouts of round r are played by the
 adapters held at the *start* of round r (before its update), so round r's mean team return scores those
 adapters. Whenever it is strictly greater than every earlier round's (ties keep the earliest; round 0 always sets
-it), those adapters (and the optimizer state of that moment) are written to a second orbax directory
-``best/`` (one step, ``max_to_keep=1``, step number = r, meta ``{"round": r, "train_return": mean}``), before
+it), those adapters (adapters only: no optimizer state, ``best/`` is only evaluated) are written to a second orbax
+directory ``best/`` (one step, ``max_to_keep=1``, step number = r, meta ``{"round": r, "train_return": mean}``), before
 the update and before the round's main checkpoint. :meth:`Trainer.best_adapters` loads them for evaluation.
 The main checkpoint's meta also carries ``best_round`` / ``best_return``, the best known when it was written.
 
@@ -157,6 +159,12 @@ class Trainer:
     ):
         self.run_dir, self.roller, self.mcfg, self.tcfg = Path(run_dir), roller, mcfg, tcfg
         self.policy = roller.policy
+        # One temperature: the rollouts sample at the policy's, the update scores log-probs at mcfg's.
+        if self.policy.cfg.temperature != mcfg.temperature:
+            raise ValueError(
+                f"temperature: the policy samples at {self.policy.cfg.temperature}, the update scores at "
+                f"{mcfg.temperature}; build both from one value (jaxopt_marl.config.RunConfig.policy_config)"
+            )
         self.graphdef, adapters, self.base = split_model(self.policy.model)
         n_adapters = 1 if self.policy.cfg.shared_adapter else roller.n
         # ``step``: reuse compiled functions of an earlier trainer with the same model and config.
@@ -202,6 +210,7 @@ class Trainer:
             where = ckpt.step_dir(self.manager, step)
             problem = ckpt.verify(where)
             if problem is None:
+                self._check_lora(step, where)
                 try:
                     adapters, opt_state, meta = ckpt.restore(
                         self.manager, self.state.adapters, self.state.opt_state, step
@@ -242,6 +251,30 @@ class Trainer:
         _write_jsonl(self.metrics_path, rows)
         self.best = self._restore_best(meta)
         return self.state.round
+
+    def lora_meta(self) -> dict | None:
+        """The model's LoRA config as JSON (every checkpoint's meta ``lora``), None without adapters."""
+        from jaxopt_marl.config import lora_dict
+
+        lcfg = getattr(self.policy.model, "lora_cfg", None)
+        return None if lcfg is None else lora_dict(lcfg)
+
+    def _check_lora(self, step: int, where: Path) -> None:
+        """ValueError naming each LoRA key (``lora_rank``, ...) where checkpoint ``step``'s meta differs from the
+        model's: adapters of another rank are another run's, not a corrupt checkpoint (no fallback)."""
+        now = self.lora_meta()
+        try:
+            stored = ckpt.restore_meta(self.manager, step).get("lora")
+        except Exception:  # an unreadable meta is the restore's to report (as corrupt)
+            return
+        if now is None or not isinstance(stored, dict):
+            return
+        diff = {f"lora_{k}": (stored[k], v) for k, v in now.items() if k in stored and stored[k] != v}
+        if diff:
+            keys = "; ".join(
+                f"{k}: {json.dumps(a)} in the checkpoint, {json.dumps(b)} given" for k, (a, b) in diff.items()
+            )
+            raise ValueError(f"checkpoint {where} holds adapters of other LoRA settings ({keys})")
 
     def _best_meta(self) -> dict | None:
         """Meta of the ``best/`` checkpoint (``round``, ``train_return``, ...), None if there is none.
@@ -303,9 +336,10 @@ class Trainer:
             )
         return None
 
-    def save_best(self, round_idx: int, train_return: float, adapters, opt_state) -> None:
+    def save_best(self, round_idx: int, train_return: float, adapters) -> None:
         """Writes ``best/`` (atomically, replacing the previous best): the adapters that played round
-        ``round_idx``'s rollouts and their mean training team return (apples / deliveries).
+        ``round_idx``'s rollouts and their mean training team return (apples / deliveries). Adapters only: ``best/``
+        is evaluated, never trained on, so it keeps no optimizer state.
 
         A ``best/`` step at or after ``round_idx`` can only come from an abandoned attempt (a resume that fell back
         to an older checkpoint replays those rounds); it is deleted first, since orbax silently skips a save
@@ -316,12 +350,13 @@ class Trainer:
             self.best_manager,
             round_idx,
             adapters,
-            opt_state,
+            None,
             meta={
                 "round": int(round_idx),
                 "train_return": float(train_return),
                 "seed": self.tcfg.seed,
                 "rule": "highest training-time team return (paper §6.1)",
+                "lora": self.lora_meta(),
             },
         )
         self.best = (int(round_idx), float(train_return))
@@ -345,7 +380,7 @@ class Trainer:
         if problem is not None:
             raise ValueError(f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt: {problem}")
         try:
-            adapters, _, meta = ckpt.restore(self.best_manager, template, self.state.opt_state, step)
+            adapters, _, meta = ckpt.restore(self.best_manager, template, None, step)
         except Exception as e:  # orbax raises many types on corrupt data
             raise ValueError(
                 f"{self.run_dir / 'best'}: best checkpoint {step} is corrupt or incompatible ({ckpt.describe_error(e)})"
@@ -364,6 +399,7 @@ class Trainer:
                 "seed": self.tcfg.seed,
                 "best_round": best_round,
                 "best_return": best_return,
+                "lora": self.lora_meta(),
             },
         )
 
@@ -423,7 +459,7 @@ class Trainer:
         # Checkpoint rule: these rollouts scored the adapters held now, before this round's update.
         ret = float(res.returns.mean())
         if self.best is None or ret > self.best[1]:
-            self.save_best(r, ret, self.state.adapters, self.state.opt_state)
+            self.save_best(r, ret, self.state.adapters)
         adv_fn = magrpo.get("advantage", self.mcfg.advantage)
         adv = np.asarray(adv_fn(jnp.asarray(res.returns), ddof=self.mcfg.std_ddof))
         zero = not np.any(adv != 0)

@@ -41,17 +41,17 @@ def save(manager: ocp.CheckpointManager, step: int, adapters: nnx.State, opt_sta
       manager: from :func:`make_manager`.
       step: training step (round) number.
       adapters: ``nnx.State`` of LoRAParam leaves (``split_model(model)[1]``), [L, N, ...] arrays.
-      opt_state: optax state over ``adapters`` (any pytree of arrays).
+      opt_state: optax state over ``adapters`` (any pytree of arrays); None = adapters only (no ``opt_state``
+        item, e.g. the best-adapters checkpoint, which is only ever evaluated).
       meta: small JSON-serialisable dict (e.g. LoRA config, seed).
     """
-    manager.save(
-        step,
-        args=ocp.args.Composite(
-            adapters=ocp.args.StandardSave(nnx.to_pure_dict(adapters)),
-            opt_state=ocp.args.StandardSave(opt_state),
-            meta=ocp.args.JsonSave(dict(meta or {}, step=int(step))),
-        ),
+    items = dict(
+        adapters=ocp.args.StandardSave(nnx.to_pure_dict(adapters)),
+        meta=ocp.args.JsonSave(dict(meta or {}, step=int(step))),
     )
+    if opt_state is not None:
+        items["opt_state"] = ocp.args.StandardSave(opt_state)
+    manager.save(step, args=ocp.args.Composite(**items))
     manager.wait_until_finished()
     write_checksums(step_dir(manager, step))
 
@@ -135,7 +135,8 @@ def restore(manager: ocp.CheckpointManager, adapters: nnx.State, opt_state, step
 
     Args:
       adapters: adapter state with the right structure/shapes (its values are replaced in place).
-      opt_state: optax state template (e.g. ``optimizer.init(adapters)``).
+      opt_state: optax state template (e.g. ``optimizer.init(adapters)``); None = the adapters only (the
+        returned opt_state is None).
       step: step to restore; None = latest complete checkpoint.
 
     Returns:
@@ -148,13 +149,17 @@ def restore(manager: ocp.CheckpointManager, adapters: nnx.State, opt_state, step
     if step is None:
         raise FileNotFoundError(f"{manager.directory}: no checkpoint to restore")
     abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-    out = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            adapters=ocp.args.StandardRestore(abstract(nnx.to_pure_dict(adapters))),
-            opt_state=ocp.args.StandardRestore(abstract(opt_state)),
-            meta=ocp.args.JsonRestore(),
-        ),
+    items = dict(
+        adapters=ocp.args.StandardRestore(abstract(nnx.to_pure_dict(adapters))),
+        meta=ocp.args.JsonRestore(),
     )
+    if opt_state is not None:
+        items["opt_state"] = ocp.args.StandardRestore(abstract(opt_state))
+    out = manager.restore(step, args=ocp.args.Composite(**items))
     nnx.replace_by_pure_dict(adapters, out["adapters"])
-    return adapters, out["opt_state"], out["meta"]
+    return adapters, out["opt_state"] if opt_state is not None else None, out["meta"]
+
+
+def restore_meta(manager: ocp.CheckpointManager, step: int) -> dict:
+    """The meta dict of ``step`` alone (no arrays read): e.g. to compare its LoRA config before a restore."""
+    return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])

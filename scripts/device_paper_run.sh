@@ -146,7 +146,7 @@ MODEL=${MODEL:-$GGUF}
 "$PY" - "$REQUIRE_GPU" 2>&1 <<'EOF' | grep -v "ubmoduled environments" | tee -a "$LOG"
 import sys
 import jax, scipy, gguf, jaxmarl
-import experiments.common, envs_jax, lora.gguf_loader
+import experiments.common, jaxopt_marl.pipeline, envs_jax, lora.gguf_loader
 from jaxopt_marl import stats
 stats.check_scipy()
 print(f"preflight: python {sys.version.split()[0]}, jax {jax.__version__} ({jax.default_backend()}: "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The runs' persistent JAX compilation cache (experiments.common.run): one fresh directory per test process, so
+# The runs' persistent JAX compilation cache (jaxopt_marl.pipeline.run): one fresh directory per test process, so
 # the tests never write the repository's runs/.jax_cache, start cold like CI, and two test processes never share
 # one. A directory the user set is kept.
 if "JAXOPT_MARL_JAX_CACHE" not in os.environ:

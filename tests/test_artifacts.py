@@ -100,7 +100,7 @@ def test_eval_record_round_trip(tmp_path):
         game="cleanup", seeds=[10000, 10001], trained=t, base=None, checkpoint_round=1, stats={"trained": {"n": 2}}
     )
     d = json.loads(rec.save(tmp_path / "eval.json").read_text())
-    assert d["episodes"] == d["trained"]["episodes"] and d["base"] is None  # the earlier layout's alias
+    assert d["base"] is None and "episodes" not in d and "summary" not in d  # no copies of trained's block
     assert d["trained"]["episodes"][0]["sustainability"] is None  # NaN is written as null
     back = A.EvalRecord.load(tmp_path / "eval.json")
     assert back.trained.team_returns == [3.0, 5.0] and back.checkpoint_round == 1 and back.base is None

@@ -19,6 +19,7 @@ import pytest
 
 from experiments import bench, bench_envs, burnin, common
 from experiments.cli import INPUT_ERROR_STATUS, InputError, run_cli
+from jaxopt_marl import config
 from lora import gguf_loader
 from lora.gguf_loader import check_gguf
 
@@ -260,7 +261,7 @@ def test_debug_adds_the_traceback(tmp_path, capfd):
 
 
 def _resume_dir(tmp_path, guards_text: str) -> Path:
-    cfg = common.RunConfig.smoke("overcooked_aa")
+    cfg = config.RunConfig.smoke("overcooked_aa")
     run = tmp_path / "run"
     (run / "burnin").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({**cfg.flat_dict(), "reduced_budget": True}))
@@ -305,13 +306,13 @@ def test_smoke_preset_uses_the_tiny_model_unless_given():
     def cfg(*argv):
         return common.config_from_args("cleanup", common.build_parser("x").parse_args(["--preset", "smoke", *argv]))
 
-    assert cfg().model == common.TINY_RANDOM and common.smoke_warning(cfg()) is None
+    assert cfg().model == config.TINY_RANDOM and config.smoke_warning(cfg()) is None
     assert cfg("--model", "default").model is None
     assert cfg("--model", "/m/x.gguf").model == "/m/x.gguf"
-    warn = common.smoke_warning(cfg("--model", "default"))
+    warn = config.smoke_warning(cfg("--model", "default"))
     assert warn.startswith("warning: --preset smoke with a real model (SmolLM2-135M-Instruct (GGUF))")
     assert "meaningless" in warn and "12-step episodes, 2 rounds" in warn
-    assert common.smoke_warning(common.RunConfig.cpu("cleanup")) is None
+    assert config.smoke_warning(config.RunConfig.cpu("cleanup")) is None
     # Other presets keep the default model.
     assert common.config_from_args("cleanup", common.build_parser("x").parse_args(["--preset", "cpu"])).model is None
 

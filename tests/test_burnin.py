@@ -64,6 +64,9 @@ def test_cli_writes_outputs(tmp_path):
     assert meta["episodes"] == 4 and meta["decisions"] == summary["decisions"] > 0
     assert set(meta["guards_per_option"]) == set(get_library("overcooked_fc").option_names)
     assert read_records(out / "records.parquet").num_rows == meta["decisions"]
+    # One burnin.json layout (a run's burnin/ writes the same record).
+    s = burnin.BurninSummary.load(out / "burnin.json")
+    assert (s.episodes, s.joint_episodes, s.steps, s.min_support) == (4, 2, 60, 5) and s.to_dict() == meta
 
 
 def test_cli_rejects_unknown_and_unavailable_games(tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from experiments import common
+from jaxopt_marl import burnin, config, preflight
 from tests.conftest import run_cli
 
 # config.json keys written before RunConfig held its update hyper-parameters in a MAGRPOConfig.
@@ -109,6 +110,25 @@ def test_smoke_run_writes_every_file(smoke_run):
     assert "**Run folder size**: " in report and "(`checkpoints/` " in report
     assert (out / "checkpoints" / "2" / "checksums.json").exists()
     assert all((d / "checksums.json").exists() for d in (out / "best").iterdir() if d.name.isdigit())
+    # best/ is only evaluated: adapters without the optimizer state. Every checkpoint's meta holds the LoRA config.
+    best_steps = [d for d in (out / "best").iterdir() if d.name.isdigit()]
+    assert best_steps and not any((d / "opt_state").exists() for d in best_steps)
+    for step in [out / "checkpoints" / "2", *best_steps]:
+        metas = [json.loads(f.read_text()) for f in (step / "meta").rglob("*") if f.is_file()]
+        assert any(m.get("lora", {}).get("rank") == 2 and m["lora"]["alpha"] == 4.0 for m in metas), step
+    assert (cfg["lora_alpha"], cfg["min_support"]) == (4.0, 5)
+    # burnin.json: the layout experiments.burnin writes too (jaxopt_marl.burnin.BurninSummary).
+    bs = burnin.BurninSummary.load(out / "burnin" / "burnin.json")
+    assert (bs.game, bs.episodes, bs.solo_episodes, bs.joint_episodes, bs.steps, bs.min_support) == (
+        "overcooked_aa",
+        16,
+        8,
+        8,
+        12,
+        5,
+    )
+    guard_lines = [x for x in (out / "guards.jsonl").read_text().splitlines() if x.strip()]
+    assert sum(bs.guards_per_option.values()) == bs.guards == len(guard_lines)
     assert "### Statistics (paper §6.1)" in report and "Mann–Whitney U (two-sided, trained vs frozen_base" in report
 
 
@@ -131,7 +151,7 @@ def test_corrupt_checkpoint_on_resume(smoke_run, tmp_path):
         f.write_text("{not json")
     # The newest checkpoint is corrupt: named (round and file), and the check falls back to the previous one.
     said = []
-    assert common.check_checkpoint(bad, warn=said.append) == 1
+    assert preflight.check_checkpoint(bad, warn=said.append) == 1
     assert len(said) == 1 and said[0].startswith("checkpoint 2 (after round 1) is corrupt: ")
     assert any(f"is corrupt: {f} is " in said[0] for f in meta)  # truncated: "{not json" is shorter
     assert said[0].endswith("; trying checkpoint 1")
@@ -172,8 +192,8 @@ def test_model_dir_without_weights(tmp_path):
     (tmp_path / "m" / "config.json").write_text("{}")
     with pytest.raises(SystemExit, match="has no weights"):
         common.main("cleanup", ["--preset", "smoke", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "r")])
-    with pytest.raises(SystemExit, match="unknown game 'chess'"):
-        common.RunConfig.from_preset("smoke", "chess")
+    with pytest.raises(ValueError, match="unknown game 'chess'"):
+        config.RunConfig.from_preset("smoke", "chess")
     with pytest.raises(SystemExit, match="--resume: run directory"):
         common.main(
             "cleanup", ["--preset", "smoke", "--model", "tiny-random", "--out", str(tmp_path / "no"), "--resume"]
@@ -181,10 +201,10 @@ def test_model_dir_without_weights(tmp_path):
 
 
 def test_presets_follow_the_paper():
-    p = common.RunConfig.paper("cleanup")
+    p = config.RunConfig.paper("cleanup")
     pm = p.magrpo
     assert (p.lora_rank, pm.learning_rate, pm.num_rollouts, pm.temperature, p.episode_steps) == (32, 5e-5, 4, 0.7, 150)
-    o = common.RunConfig.paper("overcooked_fc")
+    o = config.RunConfig.paper("overcooked_fc")
     om = o.magrpo
     assert (o.lora_rank, om.learning_rate, om.num_rollouts, om.temperature, om.kl_beta, o.episode_steps) == (
         16,
@@ -196,21 +216,21 @@ def test_presets_follow_the_paper():
     )
     assert (pm.clip_eps, pm.epochs, pm.max_grad_norm, p.eval_episodes) == (0.2, 2, 1.0, 20)
     assert (pm.kl_beta, pm.micro_batch, pm.shared_adapter) == (0.05, 8, False)
-    assert common.RunConfig.paper("harvest").episode_steps == 400
-    c = common.RunConfig.cpu("cleanup")
+    assert config.RunConfig.paper("harvest").episode_steps == 400
+    c = config.RunConfig.cpu("cleanup")
     assert c.reduced_budget and c.mode == "choice_only" and not p.reduced_budget
     # checkpoint rule (§6.1) and solo test (§6.4)
     assert p.eval_checkpoint == o.eval_checkpoint == c.eval_checkpoint == "best"
-    assert (p.solo_episodes, o.solo_episodes, common.RunConfig.paper("harvest").solo_episodes) == (3, 5, 3)
-    assert c.solo_episodes == common.RunConfig.smoke("overcooked_aa").solo_episodes == 1
-    assert common.RunConfig.paper("overcooked_aa", eval_episodes=3).solo_episodes == 3  # capped by the evaluation
+    assert (p.solo_episodes, o.solo_episodes, config.RunConfig.paper("harvest").solo_episodes) == (3, 5, 3)
+    assert c.solo_episodes == config.RunConfig.smoke("overcooked_aa").solo_episodes == 1
+    assert config.RunConfig.paper("overcooked_aa", eval_episodes=3).solo_episodes == 3  # capped by the evaluation
     args = common.build_parser("x", layout=True).parse_args(
         ["--preset", "paper", "--eval-checkpoint", "final", "--solo-episodes", "0"]
     )
     cfg = common.config_from_args("overcooked_fc", args)
     assert (cfg.eval_checkpoint, cfg.solo_episodes) == ("final", 0)
     # The update's hyper-parameters by their flat (config.json) names: presets, --rollouts, replace().
-    cm, sm = c.magrpo, common.RunConfig.smoke("cleanup").magrpo
+    cm, sm = c.magrpo, config.RunConfig.smoke("cleanup").magrpo
     assert (cm.num_rollouts, cm.epochs, cm.learning_rate, sm.learning_rate, sm.num_rollouts) == (2, 1, 5e-5, 1e-2, 2)
     args = common.build_parser("x").parse_args(["--preset", "cpu", "--rollouts", "3"])
     assert common.config_from_args("harvest", args).magrpo.num_rollouts == 3
@@ -219,10 +239,10 @@ def test_presets_follow_the_paper():
     args = common.build_parser("x").parse_args(["--preset", "cpu", "--rollouts", "0"])
     with pytest.raises(SystemExit, match="num_rollouts must be >= 1, got 0"):
         common.config_from_args("harvest", args)
-    with pytest.raises(SystemExit, match="clip_eps must be in"):
+    with pytest.raises(ValueError, match="clip_eps must be in"):
         p.replace(clip_eps=1.5)
     # Zero advantage is exactly zero update in every preset (no update in rounds without return spread).
-    assert all(common.RunConfig.from_preset(pr, g).skip_zero_advantage for pr in common.PRESETS for g in common.GAMES)
+    assert all(config.RunConfig.from_preset(pr, g).skip_zero_advantage for pr in config.PRESETS for g in config.GAMES)
 
 
 def test_resume_reads_old_flat_config(tmp_path):
@@ -230,14 +250,14 @@ def test_resume_reads_old_flat_config(tmp_path):
     run = tmp_path / "old"
     run.mkdir()
     # The values such a run of the same flags wrote (the resume check compares every key the old file has).
-    flat = common.RunConfig.cpu("cleanup").flat_dict()
+    flat = config.RunConfig.cpu("cleanup").flat_dict()
     old = {k: flat.get(k) for k in OLD_CONFIG_KEYS}
     (run / "config.json").write_text(json.dumps(old))
-    assert common.prepare_run_dir(common.RunConfig.cpu("cleanup"), run, resume=True, force=False) is None
+    assert preflight.prepare_run_dir(config.RunConfig.cpu("cleanup"), run, resume=True, force=False) is None
     with pytest.raises(SystemExit, match="is a cleanup run, not harvest"):
-        common.prepare_run_dir(common.RunConfig.cpu("harvest"), run, resume=True, force=False)
+        preflight.prepare_run_dir(config.RunConfig.cpu("harvest"), run, resume=True, force=False)
     # The layout written now keeps every old key, flat.
-    flat = common.RunConfig.cpu("cleanup").flat_dict()
+    flat = config.RunConfig.cpu("cleanup").flat_dict()
     assert set(OLD_CONFIG_KEYS) - {"reduced_budget", "num_agents", "eval_seed0"} <= set(flat)
     assert (flat["num_rollouts"], flat["epochs"], flat["micro_batch"], flat["lora_rank"]) == (2, 1, 8, 32)
 
@@ -250,13 +270,13 @@ def _run_dir_with_config(tmp_path, cfg):
 
 
 def test_resume_with_differing_flags_fails_naming_them(tmp_path):
-    cfg = common.RunConfig.smoke("overcooked_aa", model="tiny-random")
+    cfg = config.RunConfig.smoke("overcooked_aa", model="tiny-random")
     run = _run_dir_with_config(tmp_path, cfg)
     # The same flags, and the keys that may change on --resume (rounds to extend a run; evaluation-only keys).
-    assert common.prepare_run_dir(cfg, run, resume=True, force=False) is None
+    assert preflight.prepare_run_dir(cfg, run, resume=True, force=False) is None
     more = cfg.replace(rounds=5, eval_episodes=3, eval_base=False, eval_checkpoint="final", solo_episodes=0)
-    assert common.prepare_run_dir(more, run, resume=True, force=False) is None
-    assert set(common.RESUME_MAY_DIFFER) == {"rounds", "eval_episodes", "eval_base", "eval_checkpoint", "solo_episodes"}
+    assert preflight.prepare_run_dir(more, run, resume=True, force=False) is None
+    assert set(config.RESUME_MAY_DIFFER) == {"rounds", "eval_episodes", "eval_base", "eval_checkpoint", "solo_episodes"}
     # Anything else fails before any compute, naming each key with both values.
     bad = cfg.replace(episode_steps=30, mode="choice_only", learning_rate=0.5, rounds=9)
     with pytest.raises(
@@ -265,16 +285,16 @@ def test_resume_with_differing_flags_fails_naming_them(tmp_path):
         r'"sample" in config.json, "choice_only" given; learning_rate: 0.01 in '
         r"config.json, 0.5 given\.",
     ):
-        common.prepare_run_dir(bad, run, resume=True, force=False)
+        preflight.prepare_run_dir(bad, run, resume=True, force=False)
     with pytest.raises(SystemExit, match=r'model: "tiny-random" in config.json, null given'):
-        common.prepare_run_dir(cfg.replace(model=None), run, resume=True, force=False)
+        preflight.prepare_run_dir(cfg.replace(model=None), run, resume=True, force=False)
     (run / "config.json").write_text("{not json")
     with pytest.raises(SystemExit, match="config.json is unreadable"):
-        common.prepare_run_dir(cfg, run, resume=True, force=False)
+        preflight.prepare_run_dir(cfg, run, resume=True, force=False)
 
 
 def test_resume_mismatch_exits_with_status_2(tmp_path):
-    run = _run_dir_with_config(tmp_path, common.RunConfig.smoke("overcooked_aa", model="tiny-random", seed=1))
+    run = _run_dir_with_config(tmp_path, config.RunConfig.smoke("overcooked_aa", model="tiny-random", seed=1))
     p = _cli(
         "experiments.overcooked",
         "--layout",

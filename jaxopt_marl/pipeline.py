@@ -1,0 +1,320 @@
+"""One run of ``python -m experiments.{cleanup,harvest,overcooked}``: every check, then the pipeline's steps.
+
+burn-in (``burnin/records.parquet``, ``burnin/burnin.json``: :func:`jaxopt_marl.burnin.write_outputs`) -> guards
+(``guards.jsonl``) -> PA-MAGRPO rounds (``checkpoints/``, ``best/``, ``metrics.jsonl``,
+``decisions/round_XXXX.jsonl``: :mod:`jaxopt_marl.trainer`) -> evaluation on seeds 10000.. (paper §6.1: 20
+episodes, seeds disjoint from training) with the adapters of the paper's checkpoint rule (``eval.json``,
+``eval_traj.npz``, ``decisions/eval*.jsonl``: :mod:`jaxopt_marl.evaluation`) -> solo test (paper §6.4,
+``solo.json``: :mod:`jaxopt_marl.solo_test`) -> ``episode.gif`` (:func:`jaxopt_marl.episode_gif.write_eval_gif`)
+-> ``report.md`` (:mod:`jaxopt_marl.report`).
+
+An existing run directory is never overwritten: ``resume`` continues it from its last complete checkpoint,
+``force`` deletes it first -- after every check has passed (a bad input leaves it intact). ``resume`` takes the
+run's original settings: a value that differs from its ``config.json`` fails, naming each key with both values,
+except the keys of :data:`jaxopt_marl.config.RESUME_MAY_DIFFER` (``rounds``, to extend or cut a run, and the
+evaluation-only settings, since a resumed run evaluates afresh). Bad input (a model path without weights, a
+truncated or mismatched GGUF file, an unusable ``out``, only corrupt checkpoints, a checkpoint of other LoRA
+settings, a corrupt ``guards.jsonl`` or differing settings on ``resume``, a prompt over its limit) fails before
+any compute, and before the run directory is written or deleted, with an :class:`jaxopt_marl.errors.InputError`
+naming the file or value and the cause (:mod:`jaxopt_marl.preflight`). A corrupt newest checkpoint is named
+(round and file) and the run resumes from the newest intact one (``keep_checkpoints`` main checkpoints are
+kept, plus ``best/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from jaxopt_marl import preflight
+from jaxopt_marl.config import CHECKPOINT_RULE, DEFAULT_MODEL_NAME, EVAL_SEED0, RunConfig, smoke_warning
+from jaxopt_marl.errors import InputError
+
+#: What a run writes, in the order :func:`run` lists them at the end.
+RUN_FILES = (
+    "config.json",
+    "burnin/records.parquet",
+    "burnin/burnin.json",
+    "guards.jsonl",
+    "metrics.jsonl",
+    "checkpoints/",
+    "best/",
+    "decisions/",
+    "eval.json",
+    "solo.json",
+    "eval_traj.npz",
+    "episode.gif",
+    "report.md",
+)
+
+
+def write_config(cfg: RunConfig, out: Path) -> Path:
+    """``out/config.json``: :meth:`RunConfig.flat_dict` with ``reduced_budget``, ``num_agents``, ``eval_seed0``."""
+    path = out / "config.json"
+    d = {
+        **cfg.flat_dict(),
+        "reduced_budget": cfg.reduced_budget,
+        "num_agents": cfg.num_agents,
+        "eval_seed0": EVAL_SEED0,
+    }
+    path.write_text(json.dumps(d, indent=2) + "\n")
+    return path
+
+
+def write_report(run_dir: Path, cfg: RunConfig) -> Path:
+    """``run_dir/report.md`` by :func:`jaxopt_marl.report.write_report`, headed by a reduced-budget note for any
+    preset but ``paper`` if the report lacks one. An error of the report is raised, not replaced by a minimal
+    report that would hide it: ``report.write_report`` lists missing or malformed inputs in the report and raises
+    only when the run directory cannot be written (or on a bug), and every other file of the run is on disk by
+    then (``jaxopt_marl.report.write_report(run_dir)`` writes the report again)."""
+    from jaxopt_marl import report
+
+    path = report.write_report(run_dir)
+    if cfg.reduced_budget:
+        text = path.read_text()
+        if "Reduced budget" not in text:
+            path.write_text(f"> **Reduced budget (preset `{cfg.preset}`)** — not the paper's §6.1 budget.\n\n" + text)
+    return path
+
+
+def _print_header(cfg: RunConfig, out: Path, resume: bool, ckpt_round: int | None) -> None:
+    import jax
+
+    mcfg = cfg.magrpo
+    print(
+        f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} device={jax.devices()[0]} "
+        f"model={cfg.model or DEFAULT_MODEL_NAME} | out={out}"
+    )
+    print(
+        f"  {cfg.rounds} rounds x K={mcfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {cfg.num_agents} "
+        f"agents, scoring={cfg.mode}, T={mcfg.temperature}, LoRA r={cfg.lora.rank} (alpha {cfg.lora.alpha:g}), "
+        f"lr={mcfg.learning_rate}, KL={mcfg.kl_beta}, clip={mcfg.clip_eps}, epochs={mcfg.epochs}, "
+        f"min support={cfg.min_support}"
+    )
+    print(
+        f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
+        f"{' + frozen base' if cfg.eval_base else ''}, adapters: "
+        f"{CHECKPOINT_RULE if cfg.eval_checkpoint == 'best' else 'final (last round)'}"
+        + (f"; solo test on {cfg.solo_episodes} seed(s)" if cfg.solo_episodes else "; no solo test")
+    )
+    if cfg.reduced_budget:
+        print(
+            f"  NOTE: preset '{cfg.preset}' is a REDUCED BUDGET, not the paper's (§6.1); results are not "
+            f"comparable to the paper's numbers."
+        )
+    if smoke_warning(cfg):
+        print(smoke_warning(cfg), file=sys.stderr)
+    if resume:
+        print(f"  resuming from checkpoint round {ckpt_round}" if ckpt_round else "  resuming: no checkpoint yet")
+
+
+def run(
+    cfg: RunConfig,
+    out: Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    keep_checkpoints: int = 2,
+) -> Path:
+    """Runs the whole pipeline into ``out`` (default ``runs/<game>-<preset>-s<seed>``); returns the run directory.
+
+    ``keep_checkpoints``: main checkpoints kept on disk (>= 1; ``best/`` holds one more); a disk setting, not a
+    hyper-parameter, so it is not part of :class:`RunConfig` / ``config.json`` and may change on ``--resume``.
+
+    Raises:
+        InputError: bad input (module docstring), before any compute and before ``out`` is written or deleted.
+    """
+    t_start = time.perf_counter()
+    out = Path(out or f"runs/{cfg.game}-{cfg.preset}-s{cfg.seed}")
+    # 0. Every check that needs no compute.
+    preflight.check_out_dir(out)
+    if keep_checkpoints < 1:
+        raise InputError(f"--keep-checkpoints must be >= 1, got {keep_checkpoints}")
+    preflight.check_model(cfg.model)
+    if resume:
+        preflight.check_resume_guards(out)  # before check_library, which imports the games (seconds)
+    preflight.check_library(cfg.game)
+    preflight.check_stats()
+    warned: set[str] = set()  # each corrupt-checkpoint line once (the check here, then the trainer's restore)
+
+    def warn(msg: str) -> None:
+        if msg not in warned:
+            warned.add(msg)
+            print(f"warning: {msg}", file=sys.stderr)
+
+    ckpt_round = preflight.prepare_run_dir(cfg, out, resume, force, warn)
+
+    import jax
+
+    import envs_jax
+    from jaxopt_marl import guards as G
+    from jaxopt_marl import options
+
+    # 0a. On --resume, the burn-in's guards are reused: a corrupt guards.jsonl stops here, naming its file and line
+    # (before the heavier imports, the model and the header).
+    env = envs_jax.make(cfg.game, max_steps=cfg.episode_steps)
+    lib = options.get_library(cfg.game, env)
+    bdir = out / "burnin"
+    guard_path = out / "guards.jsonl"
+    guards = None
+    if resume and (bdir / "burnin.json").exists() and guard_path.exists():
+        try:
+            guards = G.load_guards(guard_path, lib.option_names, lib.vocab, reasons=lib.reasons)
+        except (ValueError, OSError, UnicodeDecodeError) as e:
+            raise InputError(f"--resume: {e} ({preflight.guards_hint(guard_path)})") from None
+
+    # Compiled programs persist across runs (the 30-layer model compiles once per batch shape).
+    jax.config.update(
+        "jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE", str(Path("runs/.jax_cache").resolve()))
+    )
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
+
+    from jaxopt_marl import burnin, episode_gif, evaluation, rollout, solo_test, trainer
+    from jaxopt_marl.compiled_rollout import ChunkConfig, CompiledRoller
+    from jaxopt_marl.prompt_ids import PromptIds
+
+    _print_header(cfg, out, resume, ckpt_round)
+    # 0b. The model and the prompt limits, before any compute and before the run directory is written (or, with
+    # force, deleted): an unreadable model file, a menu longer than the letters, a prompt over its limit or
+    # letters that are not single tokens stop here with a message naming the file or the game and the limit.
+    t0 = time.perf_counter()
+    try:
+        model, tok = rollout.load_policy_model(cfg.model, cfg.lora, seed=cfg.seed)
+    except (ValueError, OSError) as e:
+        raise InputError(f"model {cfg.model or DEFAULT_MODEL_NAME} could not be loaded: {e}") from None
+    print(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    pcfg = cfg.policy_config()  # the temperature is the update's (cfg.magrpo.temperature)
+    try:
+        prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if force:
+        preflight.clear_run_dir(out)  # every check has passed
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, out)
+
+    # 1. Burn-in and guards (on --resume: those loaded in step 0a).
+    if guards is not None:
+        print(f"burn-in: reusing {bdir} ({len(guards)} guards)")
+    else:
+        steps = cfg.burnin_steps or cfg.episode_steps
+        res = burnin.run_burnin(
+            lib,
+            env,
+            cfg.burnin_episodes,
+            cfg.burnin_episodes,
+            seed=cfg.seed,
+            chunk=100,
+            num_steps=steps,
+            progress=progress,
+        )
+        t1 = time.perf_counter()
+        guards = burnin.synthesize(lib, res.codes, min_support=cfg.min_support)
+        burnin.write_outputs(
+            lib,
+            res,
+            guards,
+            bdir,
+            guard_path=guard_path,
+            seed=cfg.seed,
+            seconds_guards=time.perf_counter() - t1,
+            steps=steps,
+            min_support=cfg.min_support,
+        )
+        print(f"burn-in: {res.decisions} decisions in {res.seconds:.1f} s; {len(guards)} guards -> {guard_path}")
+    compiled = G.compile_guards(guards, lib.vocab)
+
+    # 2. Policy and trainer. The compiled rollout (one jitted program per call of K episodes, LLM included) also
+    # plays the evaluation, the frozen base and the solo test, in calls of K.
+    mcfg = cfg.magrpo
+    try:
+        chunks = ChunkConfig.single(mcfg.num_rollouts * cfg.num_agents) if cfg.chunking == "single" else None
+        roller = CompiledRoller(
+            cfg.game,
+            env,
+            lib,
+            compiled,
+            model,
+            tok,
+            pcfg,
+            menu_seed=cfg.seed,
+            batch=mcfg.num_rollouts,
+            chunks=chunks,
+            prompt=prompt,
+        )
+    except ValueError as e:  # a model whose adapters do not fit the mode: before any compute
+        raise InputError(str(e)) from None
+    policy = roller.policy
+    tr = trainer.Trainer(
+        out,
+        roller,
+        mcfg,
+        trainer.TrainConfig(
+            rounds=cfg.rounds,
+            seed=cfg.seed,
+            skip_zero_advantage=cfg.skip_zero_advantage,
+            keep_checkpoints=keep_checkpoints,
+            update_progress=progress,
+        ),
+    )
+    if resume:
+        try:
+            done = tr.restore(warn)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        print(f"restored {done} completed rounds")
+
+    # 3. Training.
+    def show(m):
+        print(
+            f"round {m['round']}: return {m['train/return_mean']:.2f} ± {m['train/return_std']:.2f} "
+            f"({m['train/decisions']} decisions, parse fail {m['train/parse_fail_rate']:.2f}, "
+            f"kl {m['train/kl']:.4f}, clip {m['train/clip_frac']:.2f}, {m['perf/decisions_per_s']:.2f} dec/s, "
+            f"{m['perf/round_s']:.0f} s{'' if m['train/updated'] else ', no update: no return spread'})"
+        )
+
+    tr.train(progress=progress, on_round=show)
+
+    # 4. Evaluation on held-out seeds (trained adapters, then the frozen base on the same menus), solo test, GIF.
+    ck = evaluation.choose_adapters(cfg, tr, policy)
+    print(
+        f"eval adapters: {ck.checkpoint_rule}, round {ck.checkpoint_round}"
+        + (f" (training return {ck.checkpoint_train_return:.2f})" if ck.checkpoint_train_return is not None else "")
+    )
+    ev = evaluation.evaluate(cfg, roller, out, ck, progress=progress)
+    solo_test.run_solo_test(cfg, roller, ev, ck, out, progress=progress)
+    episode_gif.write_eval_gif(
+        roller,
+        env,
+        cfg.game,
+        ev.seeds[0],
+        ev.key,
+        ev.trained.traj["actions"][0],
+        ck.checkpoint_round,
+        out / "episode.gif",
+    )
+    evaluation.write_trajectories(env, roller, lib, ev, out / "eval_traj.npz")
+
+    # 5. Report.
+    write_report(out, cfg)
+    s = ev.record.trained.summary["team_return"]
+    base = ev.record.base
+    print(
+        f"eval trained: team return {s['mean']:.2f} ± {s['std']:.2f}"
+        + (
+            f"; frozen base {base.summary['team_return']['mean']:.2f} ± {base.summary['team_return']['std']:.2f}"
+            if base is not None
+            else ""
+        )
+    )
+    print(f"total wall time {time.perf_counter() - t_start:.0f} s")
+    for f in RUN_FILES:
+        if (out / f).exists():
+            print(f"wrote {out / f}" + (" (report: jaxopt_marl.report)" if f == "report.md" else ""))
+    return out
+
+
+__all__ = ["RUN_FILES", "run", "write_config", "write_report"]
