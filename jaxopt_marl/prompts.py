@@ -130,7 +130,7 @@ def make_snapshot_fn(game: str, env):
             out = dict(
                 pos=s.pos, facing=s.facing, alive=s.alive, apples=s.apples, step=s.step, team=jnp.sum(s.apples_total)
             )
-            if hasattr(s, "dirt"):
+            if games.info(game).dirt:
                 out["dirt"] = s.dirt
             return out
 
