@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         last = None
         for ids, mask, rows, _ in batches:
             cache = policy._prefix_cache(rows, ids.shape[1])
-            last = rollout._letter_logprobs(
+            last = rollout._letter_logits(
                 policy.graphdef, policy.state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(rows), cache, letter_ids
             )
             jax.block_until_ready(last)

@@ -4,7 +4,8 @@ as ONE jitted program.
 One call of :meth:`CompiledRoller.collect` runs a ``lax.while_loop`` over *decision waves*, vmapped over the
 K rollouts and N agents, with static shapes throughout. A wave:
 
-1. the macro-action advance (:func:`jaxopt_marl.rollout.make_advance_env`, vmapped over K): every env steps
+1. the macro-action advance (:func:`jaxopt_marl.macro.make_advance_to_decision` with the trajectory recorder
+   :func:`jaxopt_marl.rollout.make_traj_recorder`, vmapped over K): every env steps
    until one of its agents is at a decision point (or its episode ended); per-step positions, rewards,
    liveness, running options and primitive actions go into ``[K, T, N]`` buffers;
 2. every agent's menu (:func:`jaxopt_marl.menus.build_menu`): instance table, compiled guards, the live
@@ -58,8 +59,9 @@ from flax import nnx
 from jaxopt_marl import macro, menus, parse_device, parsing, prompt_ids, prompts, rollout
 from jaxopt_marl import progress as progress_lib
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
-from jaxopt_marl.train_step import DecisionBatch, _rows_cache, prefix_cache
+from jaxopt_marl.train_step import DecisionBatch
 from lora import sampling
+from lora.model import KVCache
 from lora.tokenizer import render_chat
 
 #: Outcome codes of a decision besides the records' (0 success, 1 effect_fail, 2 + k explicit reason k):
@@ -350,10 +352,10 @@ class CompiledRoller:
         """The LLM on one chunk of rows. ``choice_only``: ``(letter logits float32[s, 26],)``; ``sample``:
         ``(tokens int32[s, M], mask bool[s, M], logp float32[s])`` (log-prob at the temperature)."""
         cfg = self.cfg
-        cache = _rows_cache(kv, jnp.where(adapter >= 0, adapter, kv[0].shape[1] - 1))
+        cache = kv.take(jnp.where(adapter >= 0, adapter, kv.k.shape[1] - 1))
         if cfg.mode == "choice_only":
-            h, _ = model.hidden(ids, attention_mask=mask, agent_ids=adapter, cache=cache)
-            return (model.logits(h[:, -1])[:, jnp.asarray(self.letter_ids)],)
+            logits = sampling.next_token_logits(model, ids, mask, agent_ids=adapter, cache=cache)
+            return (logits[:, jnp.asarray(self.letter_ids)],)
         gen = sampling.decode(
             model,
             ids,
@@ -443,7 +445,7 @@ class CompiledRoller:
         model = nnx.merge(self.graphdef, adapters, base)
         n_ad = model.lora_cfg.num_adapters
         # The shared system turn's K/V, once per adapter and once adapters-off (row n_ad).
-        kv = prefix_cache(
+        kv = KVCache.prefill(
             model,
             self.prompt.prefix_ids,
             jnp.concatenate([jnp.arange(n_ad, dtype=jnp.int32), jnp.full((1,), -1, jnp.int32)]),
@@ -455,13 +457,13 @@ class CompiledRoller:
         init_one = lambda s: macro.init(lib, env, jax.random.PRNGKey(s), jnp.ones((n,), bool), jnp.bool_(False))
         ms = jax.vmap(init_one)(seeds)
         traj = rollout.empty_traj(k, t_max, n)
-        advance = jax.vmap(rollout.make_advance_env(lib, env, game, t_max))
+        advance = jax.vmap(macro.make_advance_to_decision(lib, env, rollout.make_traj_recorder(lib, env, t_max)))
         menu_fn = jax.vmap(
             jax.vmap(lambda s, a, kk: menus.build_menu(lib, self.guards, s, a, kk), (None, 0, 0)), (0, 0, 0)
         )
         suffix_fn = jax.vmap(jax.vmap(self.prompt.suffix, (None, 0, 0, 0, 0)), (0, 0, 0, 0, 0))
         label_fn = jax.vmap(jax.vmap(lambda s, a: prompt_ids.state_label_code(game, lib, s, a), (None, 0)), (0, None))
-        team_fn = jax.vmap(lambda s: rollout.team_return(game, s))
+        team_fn = jax.vmap(lib.team_return)
         begin_fn = jax.vmap(lambda mst, ch: macro.begin(lib, mst, ch, *macro.tables(lib, mst.env)))
 
         def outcomes(buf, pending, rec):
@@ -568,7 +570,7 @@ class CompiledRoller:
             buf, pending = outcomes(buf, pending, rec_fail)
             # Agents left without an option (parse failure, no wait option) idle for one step.
             force = ((choice < 0) & need).any(axis=1)
-            ms, traj, need, rec = advance(ms, c["traj"], env_keys, force)
+            ms, traj, need, rec = advance(ms, env_keys, force, c["traj"])
             buf, pending = outcomes(buf, pending, rec)
             if progress:  # the slowest episode's env step (steps), once the wave is played
                 progress_lib.reach(jnp.where(ms.env.done, t_max, ms.env.step).min())
@@ -588,7 +590,7 @@ class CompiledRoller:
         buf = c["buf"]
         # Options still running when the episode ended.
         buf = buf._replace(outcome=jnp.where(buf.outcome == OUTCOME_RUNNING, OUTCOME_EPISODE_END, buf.outcome))
-        stats = jax.vmap(lambda s: {**env.world_stats(s), "team_return": rollout.team_return(game, s)})(c["ms"].env)
+        stats = jax.vmap(lambda s: {**env.world_stats(s), "team_return": lib.team_return(s)})(c["ms"].env)
         return CompiledResult(decisions=buf, traj=c["traj"], stats=stats, parse_counts=c["counts"], waves=c["wave"] - 1)
 
     # -- host side --------------------------------------------------------------------------------------

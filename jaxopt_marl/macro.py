@@ -18,9 +18,10 @@ Functions here work on one environment and are ``vmap``-ed by the callers:
 - :func:`begin` — start the chosen instances (``choice int32[A]``, -1 = none).
 - :func:`advance` — one env step for all agents, returning a :class:`Rec` of the options that terminated.
 - :func:`make_macro_step` — decide (policy callback) + begin + advance as one function (the burn-in step).
-- :func:`make_advance_to_decision` — for the LLM stage: a jitted function that advances a batch of envs until
-  every env has at least one agent at a decision point (or the episode ended); envs already there freeze
-  (``vmap`` of a ``lax.while_loop``), so the host only sees decision points.
+- :func:`make_advance_to_decision` — for the LLM stage: advances an env until one of its agents is at a decision
+  point (or the episode ended), with an optional per-step :data:`Recorder`; :func:`make_advance_batch` jits its
+  ``vmap`` over a batch of envs, where envs already at a decision point freeze, so the host only sees decision
+  points.
 
 Record buffers: each step yields a :class:`Rec` with one row per agent (``valid`` marks real records), so an
 episode's records live in a fixed-size ``[T, A]`` buffer whose slot is (step, agent) — one record per agent
@@ -42,6 +43,10 @@ from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTC
 #: A policy callback: ``(key, inst [A, I], feats int32[A, I, F], need bool[A], ms) -> choice int32[A]``
 #: (an instance index per agent, -1 = no decision). Called only inside jit.
 Policy = Callable[[jax.Array, Instances, jax.Array, jax.Array, Any], jax.Array]
+#: A per-step recorder of :func:`make_advance_to_decision`: ``(buf, pre, ms, running int32[A], action int32[A]) ->
+#: buf``, called after every env step of one env: ``pre`` is the env state before the step, ``ms`` the macro state
+#: after it, ``running`` the option each agent ran during it (-1 idle), ``action`` the primitive actions taken.
+Recorder = Callable[[Any, Any, Any, jax.Array, jax.Array], Any]
 
 
 @struct.dataclass
@@ -279,33 +284,61 @@ def make_macro_step(lib: OptionLibrary, env, policy: Policy = uniform_policy, po
     return step
 
 
-def make_advance_to_decision(lib: OptionLibrary, env):
-    """Jitted: advance a batch of envs until each has an agent at a decision point or its episode ended.
+def make_advance_to_decision(lib: OptionLibrary, env, recorder: Recorder | None = None):
+    """Advance ONE env until one of its agents is at a decision point or its episode ended (not jitted; vmap it,
+    or use :func:`make_advance_batch`). The one advance of every stage that plays the options: the host loop
+    (:class:`jaxopt_marl.rollout.Roller`) and the compiled rollout (:mod:`jaxopt_marl.compiled_rollout`).
 
-    Envs already at a decision point (or done) do not step ("freeze"). The returned record rows hold the
-    options that terminated in each env's last step (every termination creates a decision point, so no
-    record is skipped).
+    An env already at a decision point (or done) does not step ("freezes"), unless ``force``: then it takes at
+    least one step although an agent waits for a decision (an agent that could not start an option waits one idle
+    step instead of being asked again at the same state). Step t's env key is ``fold_in(env_key, t)``
+    (:func:`jaxopt_marl.rollout.episode_keys`). The returned record rows hold the options that terminated in the
+    last step (every termination creates a decision point, so no record is skipped).
+
+    Args:
+        lib: the option library.
+        env: the environment.
+        recorder: optional per-step recorder (:data:`Recorder`) writing into the buffers ``buf`` after every step
+            (e.g. :func:`jaxopt_marl.rollout.make_traj_recorder`); None: ``buf`` is passed through.
 
     Returns:
-        ``fn(ms [B], key) -> (ms [B], need bool[B, A], rec Rec[B, A])``.
+        ``one(ms, env_key, force=False, buf=None) -> (ms, buf, need bool[A], rec Rec[A])``.
     """
 
-    def one(ms: MacroState, key: jax.Array):
+    def one(ms: MacroState, env_key: jax.Array, force=False, buf=None):
         def cond(c):
-            m, _ = c
-            return ~needs_decision(lib, m).any() & ~m.env.done
+            m, _, i, _ = c
+            return (((i == 0) & force) | ~needs_decision(lib, m).any()) & ~m.env.done
 
         def body(c):
-            m, _ = c
-            return advance(lib, env, m, jax.random.fold_in(key, m.env.step))
+            m, b, i, _ = c
+            pre = m.env
+            running = jnp.where(m.slots.active, m.slots.opt, -1)
+            m, rec, action = advance(lib, env, m, jax.random.fold_in(env_key, pre.step), return_action=True)
+            if recorder is not None:
+                b = recorder(b, pre, m, running, action)
+            return m, b, i + 1, rec
 
-        ms, rec = jax.lax.while_loop(cond, body, (ms, _empty_rec(lib)))
-        return ms, needs_decision(lib, ms), rec
+        ms, buf, _, rec = jax.lax.while_loop(cond, body, (ms, buf, jnp.int32(0), _empty_rec(lib)))
+        return ms, buf, needs_decision(lib, ms), rec
+
+    return one
+
+
+def make_advance_batch(lib: OptionLibrary, env, recorder: Recorder | None = None):
+    """Jitted :func:`make_advance_to_decision` vmapped over a batch of envs.
+
+    Returns:
+        ``fn(ms [B], env_keys [B], force bool[B] | None = None, buf [B] | None = None) -> (ms, buf, need bool[B, A],
+        rec Rec[B, A])``.
+    """
+    one = make_advance_to_decision(lib, env, recorder)
 
     @jax.jit
-    def fn(ms: MacroState, key: jax.Array):
-        keys = jax.random.split(key, ms.acting.shape[0])
-        return jax.vmap(one)(ms, keys)
+    def fn(ms: MacroState, env_keys: jax.Array, force=None, buf=None):
+        if force is None:
+            force = jnp.zeros(ms.acting.shape[:1], bool)
+        return jax.vmap(one)(ms, env_keys, force, buf)
 
     return fn
 
@@ -328,9 +361,11 @@ __all__ = [
     "MacroState",
     "Policy",
     "Rec",
+    "Recorder",
     "advance",
     "begin",
     "init",
+    "make_advance_batch",
     "make_advance_to_decision",
     "make_begin_batch",
     "make_macro_step",

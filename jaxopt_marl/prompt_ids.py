@@ -64,7 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxopt_marl import menus, prompts
+from jaxopt_marl import games, menus, prompts
 from jaxopt_marl.options import meltingpot_common as mpc
 from jaxopt_marl.paths import UNREACHABLE
 from lora.tokenizer import render_chat
@@ -151,13 +151,6 @@ def host_memory(lib, mem: AgentMemory) -> prompts.Memory:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _team(game: str, env_state) -> jax.Array:
-    """``int32[]`` the team return so far: apples eaten (Melting Pot) or soups delivered (Overcooked)."""
-    if prompts.family(game) == "overcooked":
-        return jnp.asarray(env_state.deliveries, jnp.int32)
-    return jnp.sum(env_state.apples_total, dtype=jnp.int32)
-
-
 def state_label_code(game: str, lib, env_state, aid) -> jax.Array:
     """``int32[]`` index of the agent's ``state:`` label in ``prompts.STATE_LABELS[family(game)]`` (jittable;
     the same rule as :func:`jaxopt_marl.prompts.state_label`)."""
@@ -166,7 +159,7 @@ def state_label_code(game: str, lib, env_state, aid) -> jax.Array:
 
         view = oc.pot_view(env_state, lib.info.pots)
         return prompts.overcooked_label_code(oc.held_items(env_state), view.onions, view.cooking, view.ready, aid)
-    dirt = env_state.dirt if game == "cleanup" else None
+    dirt = env_state.dirt if games.info(game).dirt else None
     return prompts.meltingpot_label_code(env_state.pos, env_state.facing, aid, env_state.apples, dirt)
 
 
@@ -510,7 +503,7 @@ class PromptIds:
             self._cap_dist = _digits(int(finite.max()) if finite.size else 0)
             self._n_agents = lib.num_agents
             self._classes = (
-                (("apples", "Apples"), ("dirt", "Dirt")) if self.game == "cleanup" else (("apples", "Apples"),)
+                (("apples", "Apples"), ("dirt", "Dirt")) if games.info(self.game).dirt else (("apples", "Apples"),)
             )
         self._cap_agent = _digits(self._n_agents - 1)
 
@@ -521,7 +514,7 @@ class PromptIds:
         aid = jnp.asarray(aid, jnp.int32)
         letters = jnp.asarray(letters, jnp.int32)
         order = jnp.argsort(jnp.where(letters >= 0, letters, _BIG), stable=True)
-        team = _team(self.game, env_state)
+        team = self.lib.team_count(env_state)
         last = jnp.round(jnp.asarray(mem.team_at_last, jnp.float32)).astype(jnp.int32)
         f = dict(
             aid=aid,
@@ -551,7 +544,7 @@ class PromptIds:
                 counter=oc.cells_items(env_state, self._counters),
             )
         else:
-            dirt = env_state.dirt if self.game == "cleanup" else None
+            dirt = env_state.dirt if games.info(self.game).dirt else None
             view = prompts.mp_view(
                 self.lib, env_state.pos, env_state.facing, env_state.alive, aid, env_state.apples, dirt
             )

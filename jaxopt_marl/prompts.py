@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxopt_marl import games
 from jaxopt_marl.options import meltingpot_common as mpc
 from jaxopt_marl.paths import UNREACHABLE
 
@@ -79,8 +80,9 @@ STATE_LABELS = {
 
 
 def family(game: str) -> str:
-    """``overcooked`` for ``overcooked_aa`` / ``overcooked_fc``, else the game name."""
-    return "overcooked" if game.startswith("overcooked") else game
+    """The prompt family of ``game`` (:attr:`jaxopt_marl.games.GameInfo.family`: ``overcooked`` for
+    ``overcooked_aa`` / ``overcooked_fc``); an unknown name is its own family."""
+    return games.GAMES[game].family if game in games.GAMES else game
 
 
 def system_message(game: str) -> str:
@@ -128,7 +130,7 @@ def make_snapshot_fn(game: str, env):
             out = dict(
                 pos=s.pos, facing=s.facing, alive=s.alive, apples=s.apples, step=s.step, team=jnp.sum(s.apples_total)
             )
-            if hasattr(s, "dirt"):
+            if games.info(game).dirt:
                 out["dirt"] = s.dirt
             return out
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxopt_marl import artifacts, audit, stats
+from jaxopt_marl import artifacts, audit, games, stats
 
 log = logging.getLogger(__name__)
 
@@ -372,9 +372,15 @@ def plot_patch_survival(alive_count: np.ndarray, run_dir: Path) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _info(game: str | None) -> games.GameInfo:
+    """The game's static facts (:mod:`jaxopt_marl.games`); an unknown or missing game counts as a Melting Pot
+    one (apples, per-agent rewards)."""
+    return games.GAMES.get(game or "", games.GameInfo(name=game or "", family=game or ""))
+
+
 def _units(game: str | None) -> str:
-    # The team return is deliveries (jaxopt_marl.rollout.team_return), the paper's Overcooked unit (§6).
-    return "deliveries" if game and game.startswith("overcooked") else "apples"
+    # The unit of the team return (OptionLibrary.team_return): apples, or deliveries in Overcooked (paper §6).
+    return _info(game).return_unit
 
 
 def _load(loader, path: Path) -> tuple[Any, str | None]:
@@ -862,7 +868,7 @@ def section_trajectories(
     stat = audit.stationary_fraction(pos, alive)
     cols: dict[str, list[str]] = {"stationary fraction": [fmt(x, 3) for x in stat]}
     per_agent, quantity, extra = None, None, []
-    if game and game.startswith("overcooked"):
+    if _info(game).shared_reward:
         if recs:
             eps = sorted({(r.get("seed"), r.get("rollout")) for r in recs}, key=str)
             per_ep = np.stack(
@@ -1119,7 +1125,7 @@ def write_report(run_dir: str | Path) -> Path:
         recs, source, note, n_agents, run_dir, traj.option_names if traj is not None else None
     )
     lines += dec_lines + [""] + section_responses(recs, cfg)
-    if game and game.startswith("overcooked"):
+    if _info(game).hand_offs:
         lines += section_handoffs(recs, n_agents) + [""]
     lines += section_trajectories(traj, traj_why, game, ev, recs, run_dir) + [""]
     lines += section_solo(solo, solo_why, cfg, game) + [""]

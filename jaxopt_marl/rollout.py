@@ -2,8 +2,9 @@
 
 One call of :func:`collect` plays K joint episodes side by side:
 
-1. a jitted advance (:func:`make_advance`) steps every env until it has an agent at a decision point (or the
-   episode ended), recording per-step positions, rewards, liveness and running options;
+1. a jitted advance (:func:`jaxopt_marl.macro.make_advance_batch` with :func:`make_traj_recorder`) steps every env
+   until it has an agent at a decision point (or the episode ended), recording per-step positions, rewards, liveness
+   and running options;
 2. the host builds every deciding agent's menu (:func:`jaxopt_marl.menus.make_menu_fn`, letters shuffled with
    the episode-seeded :func:`jaxopt_marl.menus.decision_key`) and prompt (:mod:`jaxopt_marl.prompts`);
 3. ONE batched LLM call (:meth:`LLMPolicy.decide`) serves every agent of every rollout needing a decision;
@@ -123,13 +124,10 @@ def _rows_bucket(n: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _letter_logprobs(graphdef, state, ids, mask, agent_ids, cache, letter_ids):
-    """Next-token log-probs of the candidate letter tokens after each left-padded row: float32[B, L]."""
+def _letter_logits(graphdef, state, ids, mask, agent_ids, cache, letter_ids):
+    """Next-token logits of the candidate letter tokens after each left-padded row: float32[B, L]."""
     model = nnx.merge(graphdef, state)
-    # With a prefix cache the rows attend to its slots; no cache_size, so no extended cache is built.
-    h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache)
-    logp = jax.nn.log_softmax(model.logits(h[:, -1]), axis=-1)
-    return logp[:, letter_ids]
+    return sampling.next_token_logits(model, ids, mask, agent_ids=agent_ids, cache=cache)[:, letter_ids]
 
 
 class LLMPolicy:
@@ -183,12 +181,12 @@ class LLMPolicy:
         ids = np.unique(rows)
         key = tuple(ids.tolist())
         if key not in self._caches:
-            cache = sampling.prefill_prefix_per_agent(
+            cache = sampling.prefill_prefix(
                 self.graphdef, self.state, jnp.asarray([self.prefix_ids], jnp.int32), jnp.asarray(ids, jnp.int32)
             )
             self._caches = {key: (cache, ids)}
         cache, ids = self._caches[key]
-        return sampling.gather_cache_rows(cache, jnp.asarray(np.searchsorted(ids, rows), jnp.int32))
+        return cache.take(jnp.asarray(np.searchsorted(ids, rows), jnp.int32))
 
     # -- prompts ----------------------------------------------------------------------------------------
 
@@ -243,7 +241,7 @@ class LLMPolicy:
         keys = keys[jnp.asarray(np.minimum(np.arange(b), r - 1))]
         out = []
         if self.cfg.mode == "choice_only":
-            lp = _letter_logprobs(
+            logits = _letter_logits(
                 self.graphdef,
                 self.state,
                 jnp.asarray(ids),
@@ -256,7 +254,7 @@ class LLMPolicy:
             n_let[:r] = n_letters
             letters, logps = (
                 np.asarray(x)
-                for x in _choose_letters_jit(lp, jnp.asarray(n_let), keys, jnp.float32(self.cfg.temperature))
+                for x in _choose_letters_jit(logits, jnp.asarray(n_let), keys, jnp.float32(self.cfg.temperature))
             )
             for i in range(r):
                 j, n = int(letters[i]), max(1, int(n_letters[i]))
@@ -296,32 +294,6 @@ class LLMPolicy:
 # ---------------------------------------------------------------------------------------------------------
 # Jitted advance with per-step trajectories
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _agent_view(game: str, state):
-    """(pos int32[N, 2] (row, col), alive bool[N]) of one env."""
-    if prompts.family(game) == "overcooked":
-        from envs_jax import overcooked as oc
-
-        pos = oc.agent_positions(state)
-        return pos, jnp.ones((pos.shape[0],), bool)
-    return state.pos, state.alive
-
-
-def _step_rewards(game: str, pre, post, n: int) -> jax.Array:
-    """float32[N] unshaped rewards of one env step (Overcooked: DELIVERY_REWARD per delivery, shared)."""
-    if prompts.family(game) == "overcooked":
-        from envs_jax.overcooked import DELIVERY_REWARD
-
-        return jnp.full((n,), (post.deliveries - pre.deliveries) * DELIVERY_REWARD, jnp.float32)
-    return post.ate.astype(jnp.float32)
-
-
-def team_return(game: str, state) -> jax.Array:
-    """The paper's team return so far: apples eaten (Melting Pot) or soups delivered (Overcooked)."""
-    if prompts.family(game) == "overcooked":
-        return state.deliveries.astype(jnp.float32)
-    return jnp.sum(state.apples_total).astype(jnp.float32)
 
 
 @dataclasses.dataclass
@@ -368,68 +340,39 @@ def choose_letters(
     """
     n = jnp.maximum(n_letters, 1)
     t = jnp.maximum(temperature, 1e-6)
-    scaled = jnp.where(jnp.arange(letter_logits.shape[-1])[None] < n[:, None], letter_logits / t, -jnp.inf)
+    letters = jnp.arange(letter_logits.shape[-1])[None]
+    on_menu = letters < n[:, None]
+    scaled = jnp.where(on_menu, letter_logits / t, -jnp.inf)
     drawn = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
     letter = jnp.where(temperature > 0, drawn, jnp.argmax(scaled, axis=-1).astype(jnp.int32))
-    logp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), letter[:, None], axis=-1)[:, 0]
+    logp = sampling.tempered_logprobs(letter_logits, letter, t, candidates=jnp.where(on_menu, letters, -1))
     return letter, jnp.where(temperature > 0, logp, 0.0)
 
 
 _choose_letters_jit = jax.jit(choose_letters)
 
 
-def make_advance_env(lib, env, game: str, steps: int, frames: bool = False):
-    """``one(ms, traj, env_key, force) -> (ms, traj, need bool[A], rec Rec[A])`` for ONE env (not jitted).
+def make_traj_recorder(lib, env, steps: int, frames: bool = False) -> macro.Recorder:
+    """The per-step trajectory recorder (:data:`jaxopt_marl.macro.Recorder`) of the rollouts: writes step t's agent
+    positions and liveness (:meth:`~jaxopt_marl.options.base.OptionLibrary.agent_view`), unshaped rewards
+    (:meth:`~jaxopt_marl.options.base.OptionLibrary.step_rewards`), running options and primitive actions into the
+    ``[T, ...]`` buffers of :func:`empty_traj` (one env). With ``frames`` the buffers also hold ``frames``
+    uint8[T, H, W, 3], ``env.render`` after every step (costly). Shared by the host loop (:class:`Roller`) and the
+    compiled rollout (:mod:`jaxopt_marl.compiled_rollout`)."""
 
-    Like :func:`jaxopt_marl.macro.make_advance_to_decision` (advance until an agent is at a decision point or
-    the episode ended) plus: per-step trajectory buffers ``traj`` (dict of ``[T, ...]``), and ``force``:
-    take at least one step even though an agent is waiting for a decision (an agent that could not start an
-    option waits one idle step instead of being asked again at the same state). Step t's env key is
-    ``fold_in(env_key, t)`` (:func:`episode_keys`). With ``frames`` the buffers also hold ``frames``
-    uint8[T, H, W, 3], ``env.render`` after every step (costly). Shared by the host loop (:class:`Roller`) and
-    the compiled rollout (:mod:`jaxopt_marl.compiled_rollout`).
-    """
-    n = lib.num_agents
+    def record(tr, pre, m, running, action):
+        t = jnp.clip(pre.step, 0, steps - 1)
+        pos, alive = lib.agent_view(m.env)
+        return dict(
+            positions=tr["positions"].at[t].set(pos.astype(jnp.int32)),
+            rewards=tr["rewards"].at[t].set(lib.step_rewards(pre, m.env)),
+            alive=tr["alive"].at[t].set(alive),
+            options=tr["options"].at[t].set(running),
+            actions=tr["actions"].at[t].set(action),
+            **({"frames": tr["frames"].at[t].set(env.render(m.env))} if frames else {}),
+        )
 
-    def one(ms, tr, env_key, force):
-        def cond(c):
-            m, _, i, _ = c
-            first = (i == 0) & force
-            return (first | ~macro.needs_decision(lib, m).any()) & ~m.env.done
-
-        def body(c):
-            m, tr, i, _ = c
-            pre = m.env
-            t = jnp.clip(pre.step, 0, steps - 1)
-            running = jnp.where(m.slots.active, m.slots.opt, -1)
-            m, rec, action = macro.advance(lib, env, m, jax.random.fold_in(env_key, pre.step), return_action=True)
-            pos, alive = _agent_view(game, m.env)
-            tr = dict(
-                positions=tr["positions"].at[t].set(pos.astype(jnp.int32)),
-                rewards=tr["rewards"].at[t].set(_step_rewards(game, pre, m.env, n)),
-                alive=tr["alive"].at[t].set(alive),
-                options=tr["options"].at[t].set(running),
-                actions=tr["actions"].at[t].set(action),
-                **({"frames": tr["frames"].at[t].set(env.render(m.env))} if frames else {}),
-            )
-            return m, tr, i + 1, rec
-
-        ms, tr, _, rec = jax.lax.while_loop(cond, body, (ms, tr, jnp.int32(0), macro._empty_rec(lib)))
-        return ms, tr, macro.needs_decision(lib, ms), rec
-
-    return one
-
-
-def make_advance(lib, env, game: str, steps: int, frames: bool = False):
-    """Jitted ``fn(ms [B], traj, env_keys [B], force bool[B]) -> (ms, traj, need bool[B, A], rec Rec[B, A])``:
-    :func:`make_advance_env` vmapped over a batch of envs."""
-    one = make_advance_env(lib, env, game, steps, frames)
-
-    @jax.jit
-    def fn(ms, tr, env_keys, force):
-        return jax.vmap(one)(ms, tr, env_keys, force)
-
-    return fn
+    return record
 
 
 def empty_traj(batch: int, steps: int, n: int, frame_shape: tuple[int, ...] | None = None) -> dict:
@@ -499,7 +442,7 @@ class Roller:
         self.steps = int(env.max_steps)
         self.n = lib.num_agents
         self.menu_seed = int(menu_seed)
-        self.advance = make_advance(lib, env, game, self.steps)
+        self.advance = macro.make_advance_batch(lib, env, make_traj_recorder(lib, env, self.steps))
         self._advance_frames = None  # built on the first collect(frames=True)
         self.begin = macro.make_begin_batch(lib)
         self.menu_fn = menus.make_menu_fn(lib, guards)
@@ -510,7 +453,7 @@ class Roller:
         self.init = jax.jit(jax.vmap(init_one))
         dk = lambda ep, aid, d: menus.decision_key(self.menu_seed, ep, aid, d)
         self.keys_fn = jax.jit(jax.vmap(jax.vmap(dk, (None, 0, 0)), (0, None, 0)))
-        self.stats_fn = jax.jit(jax.vmap(lambda s: {**env.world_stats(s), "team_return": team_return(game, s)}))
+        self.stats_fn = jax.jit(jax.vmap(lambda s: {**env.world_stats(s), "team_return": lib.team_return(s)}))
 
     def collect(
         self,
@@ -550,7 +493,9 @@ class Roller:
         frame_shape = None
         if frames:
             if self._advance_frames is None:
-                self._advance_frames = make_advance(self.lib, self.env, self.game, self.steps, frames=True)
+                self._advance_frames = macro.make_advance_batch(
+                    self.lib, self.env, make_traj_recorder(self.lib, self.env, self.steps, frames=True)
+                )
             advance = self._advance_frames
             frame_shape = jax.eval_shape(self.env.render, jax.tree.map(lambda x: x[0], ms.env)).shape
         traj = empty_traj(k_roll, self.steps, n, frame_shape)
@@ -570,7 +515,7 @@ class Roller:
             bar = tqdm(total=self.steps, desc=desc, unit="step", leave=False)
         it = 0
         while True:
-            ms, traj, need, rec = advance(ms, traj, env_keys, jnp.asarray(force))
+            ms, traj, need, rec = advance(ms, env_keys, jnp.asarray(force), traj)
             self._outcomes(rec, pending, traces)
             need = np.asarray(need)
             done = np.asarray(ms.env.done)
@@ -696,8 +641,7 @@ __all__ = [
     "Roller",
     "RolloutResult",
     "empty_traj",
-    "make_advance",
-    "team_return",
+    "make_traj_recorder",
 ]
 
 

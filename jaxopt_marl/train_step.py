@@ -65,6 +65,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxopt_marl import magrpo
 from jaxopt_marl import progress as progress_lib
+from lora import sampling
 from lora.model import Decoder, KVCache
 
 # Mesh axis over decisions.
@@ -117,7 +118,7 @@ class DecisionBatch:
         response_len: static number of response columns (part of the compiled shape).
         prefix: static shared prompt prefix (token ids) that every row continues: the rendered system
             turn. ``tokens`` then hold only what follows it, and its K/V is computed once per adapter
-            instead of once per decision (:func:`prefix_cache`). Empty = rows hold whole prompts.
+            instead of once per decision (:func:`prefix_kv`). Empty = rows hold whole prompts.
     """
 
     tokens: jax.Array
@@ -241,44 +242,12 @@ def pack_decisions(
     )
 
 
-def prefix_cache(
-    model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array, dropout_key: jax.Array | None = None
-) -> tuple[jax.Array, jax.Array]:
-    """K/V of the shared prompt prefix, one row per adapter id (-1 = adapters off).
-
-    The adapters change the prefix's K/V, so it is computed once per adapter, not once for all; that
-    is still far cheaper than once per decision (a round has dozens of decisions per agent).
-
-    Args:
-        model: the merged decoder.
-        prefix: P token ids.
-        adapter_rows: int32[R] adapter of each row.
-        dropout_key: LoRA dropout key (None = deterministic).
-
-    Returns:
-        (k, v), each [L, R, K, P, H] (the heads-major layout of ``lora.KVCache``) in the model dtype.
-    """
-    r = adapter_rows.shape[0]
-    ids = jnp.broadcast_to(jnp.asarray(prefix, jnp.int32)[None], (r, len(prefix)))
-    _, cache = model.hidden(ids, agent_ids=adapter_rows, cache_size=len(prefix), dropout_key=dropout_key)
+def prefix_kv(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(k, v)`` of :meth:`lora.model.KVCache.prefill` (one row per adapter id, -1 = adapters off), each
+    [L, R, K, P, H]: the floats of the prefix cache, which the update differentiates through
+    (:meth:`lora.model.KVCache.full` rebuilds the cache)."""
+    cache = KVCache.prefill(model, prefix, adapter_rows)
     return cache.k, cache.v
-
-
-def _rows_cache(kv: tuple[jax.Array, jax.Array], rows: jax.Array) -> KVCache:
-    """Full cache (no free slot) whose row b is prefix row ``rows[b]`` of ``kv``.
-
-    The decisions attend to its P slots and are not written into it (``Decoder.hidden`` without
-    ``cache_size`` returns no cache), so no slot is wasted on them.
-    """
-    k, v = kv
-    b, p = rows.shape[0], k.shape[3]
-    return KVCache(
-        k=k[:, rows],
-        v=v[:, rows],
-        valid=jnp.ones((b, p), bool),
-        next_pos=jnp.full((b,), p, jnp.int32),
-        index=jnp.asarray(p, jnp.int32),
-    )
 
 
 def sequence_logprobs(
@@ -299,7 +268,7 @@ def sequence_logprobs(
         dropout_key: LoRA dropout key (None = deterministic).
         temperature: sampling temperature of the rollouts; log-probs are those of the tempered
             distribution the responses were sampled from (``MAGRPOConfig.temperature``).
-        prefix_kv: with ``batch.prefix``, its K/V per adapter from :func:`prefix_cache`.
+        prefix_kv: with ``batch.prefix``, its K/V per adapter from :func:`prefix_kv`.
         prefix_rows: int32[D] row of ``prefix_kv`` holding each decision's adapter.
 
     Returns:
@@ -315,22 +284,23 @@ def sequence_logprobs(
     if batch.prefix:
         if prefix_kv is None or prefix_rows is None:
             raise ValueError("a batch with a shared prefix needs prefix_kv and prefix_rows")
-        cache = _rows_cache(prefix_kv, prefix_rows)
-    h, _ = model.hidden(
-        batch.tokens, attention_mask=batch.attention_mask, agent_ids=adapter_ids, cache=cache, dropout_key=dropout_key
+        cache = KVCache.full(*prefix_kv).take(prefix_rows)
+    tp = t - tr
+    # The response columns' attention is their response mask in every packed batch (pack_decisions, _batch).
+    mask = batch.response_mask[:, tp:] & batch.attention_mask[:, tp:]
+    logp = sampling.continuation_logprobs(
+        model,
+        batch.tokens[:, :tp],
+        batch.attention_mask[:, :tp],
+        batch.tokens[:, tp:],
+        mask,
+        agent_ids=adapter_ids,
+        cache=cache,
+        dropout_key=dropout_key,
+        temperature=temperature,
+        candidates=None if batch.choice_ids is None else batch.choice_ids[:, None, :],
     )
-    logits = model.logits(h[:, -tr - 1 : -1]) / temperature  # position t predicts token t + 1
-    target = batch.tokens[:, -tr:]
-    picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
-    if batch.choice_ids is None:
-        logp = picked - jax.nn.logsumexp(logits, axis=-1)
-    else:
-        cand = batch.choice_ids
-        cand_logits = jnp.take_along_axis(logits[:, -1], jnp.maximum(cand, 0), axis=-1)
-        norm = jax.nn.logsumexp(jnp.where(cand >= 0, cand_logits, -jnp.inf), axis=-1)
-        logp = picked - norm[:, None]
-    mask = batch.response_mask[:, -tr:] & batch.attention_mask[:, -tr:]
-    return jnp.where(mask, logp, 0.0).sum(axis=1)
+    return logp.sum(axis=1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -525,7 +495,7 @@ def make_train_step(
     #    bit for bit. With a shared prefix its K/V is computed once (per adapter and for the reference)
     #    and every chunk of decisions continues it.
     def score_chunks(model, batch, id_sets):
-        kv = prefix_cache(model, batch.prefix, all_rows) if batch.prefix else None
+        kv = prefix_kv(model, batch.prefix, all_rows) if batch.prefix else None
         micro = micro_of(batch.num_decisions)
 
         def one(chunk_and_ids):
@@ -628,7 +598,7 @@ def make_train_step(
         kv, prefix_vjp = None, None
         if mb.prefix:
             kv, prefix_vjp = jax.vjp(
-                lambda ad: prefix_cache(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]), adapters
+                lambda ad: prefix_kv(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]), adapters
             )
 
         def skipped(chunk):

@@ -77,6 +77,64 @@ class KVCache:
             index=jnp.zeros((), jnp.int32),
         )
 
+    @classmethod
+    def prefill(
+        cls,
+        model: Decoder,
+        prefix_ids,
+        agent_ids: jax.Array | None = None,
+        *,
+        capacity: int | None = None,
+        dropout_key: jax.Array | None = None,
+    ) -> KVCache:
+        """The K/V of a shared prompt prefix (the rendered system turn), one row per adapter id.
+
+        The adapters change the prefix's K/V, so it is computed once per adapter, not once for all rows;
+        that is still far cheaper than once per decision. Rows pick theirs with :meth:`take`.
+
+        Args:
+          model: the merged decoder.
+          prefix_ids: the P prefix token ids (a sequence, int32[P] or int32[1, P]).
+          agent_ids: int32[R] adapter of each row (-1 = adapters off); None = one row on the frozen base.
+          capacity: total slots (static); default P: a full cache that rows continuing the prefix only read
+            (decoding grows it by what it needs).
+          dropout_key: LoRA dropout key (None = deterministic).
+
+        Returns:
+          KVCache with R rows (1 without ``agent_ids``), ``index = P``.
+        """
+        ids = jnp.asarray(prefix_ids, jnp.int32).reshape(1, -1)
+        rows = 1 if agent_ids is None else agent_ids.shape[0]
+        ids = jnp.broadcast_to(ids, (rows, ids.shape[1]))
+        _, cache = model.hidden(ids, agent_ids=agent_ids, cache_size=capacity or ids.shape[1], dropout_key=dropout_key)
+        return cache
+
+    @classmethod
+    def full(cls, k: jax.Array, v: jax.Array) -> KVCache:
+        """The cache of a whole prefix from its keys and values ([L, B, K, P, H]): every slot real, none free.
+
+        :meth:`prefill` at the default capacity equals ``full(cache.k, cache.v)``; the update differentiates
+        through ``(k, v)`` only (the other fields are not floats).
+        """
+        b, p = k.shape[1], k.shape[3]
+        return cls(
+            k=k,
+            v=v,
+            valid=jnp.ones((b, p), bool),
+            next_pos=jnp.full((b,), p, jnp.int32),
+            index=jnp.asarray(p, jnp.int32),
+        )
+
+    def take(self, rows: jax.Array) -> KVCache:
+        """The cache of batch rows int32[B] (e.g. each decision's row of a per-adapter prefix)."""
+        return KVCache(
+            k=self.k[:, rows],
+            v=self.v[:, rows],
+            valid=self.valid[rows],
+            next_pos=self.next_pos[rows],
+            index=self.index,
+        )
+
     @property
     def size(self) -> int:
         return self.k.shape[3]

@@ -4,8 +4,9 @@ Every jitted function takes ``(graphdef, state)`` from ``nnx.split(model)`` (gra
 compiled program serves any adapter values, and a batch may mix agents through ``agent_ids``.
 
 Padding convention: prompts are LEFT-padded (their last column is every row's last real token),
-continuations RIGHT-padded. A shared system-prompt prefix can be run once at batch 1
-(:func:`prefill_prefix`) and its KV cache broadcast to the batch.
+continuations RIGHT-padded. A shared system-prompt prefix can be run once per adapter
+(:meth:`lora.model.KVCache.prefill`, jitted: :func:`prefill_prefix`) and its KV cache broadcast to the batch
+(:meth:`~lora.model.KVCache.broadcast`) or gathered per row (:meth:`~lora.model.KVCache.take`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,49 @@ from flax import nnx
 from lora.model import Decoder, KVCache
 
 
+def tempered_logprobs(
+    logits: jax.Array, targets: jax.Array, temperature: float | jax.Array = 1.0, candidates: jax.Array | None = None
+) -> jax.Array:
+    """The one tempered log-prob of the project: scoring, sampling traces and training all call it.
+
+    ``log p_T(target) = logits[target] / T - logsumexp(logits / T)``, the log-probability under the distribution
+    the samplers draw from at temperature T (no top-k / top-p reshaping), normalised over ``candidates`` when given
+    (a restricted one-token choice: the menu's letter tokens in ``choice_only`` mode).
+
+    Args:
+      logits: float32[..., V].
+      targets: int32[...] index into the last axis of ``logits``.
+      temperature: scalar T > 0 (the callers handle T <= 0, greedy decoding).
+      candidates: optional int32[..., C] indices into the last axis to normalise over, -1 = no candidate;
+        None = the whole last axis.
+
+    Returns:
+      float32[...].
+    """
+    scaled = logits / temperature
+    picked = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]
+    if candidates is None:
+        return picked - jax.nn.logsumexp(scaled, axis=-1)
+    cand = jnp.take_along_axis(scaled, jnp.maximum(candidates, 0), axis=-1)
+    return picked - jax.nn.logsumexp(jnp.where(candidates >= 0, cand, -jnp.inf), axis=-1)
+
+
+def next_token_logits(
+    model: Decoder,
+    ids: jax.Array,
+    mask: jax.Array,
+    *,
+    agent_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+) -> jax.Array:
+    """float32[B, V]: the logits of the token after each left-padded row (one forward, no cache written).
+
+    With ``cache`` (a shared prefix) the rows attend to its slots; no ``cache_size``, so no extended cache is built.
+    """
+    h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache)
+    return model.logits(h[:, -1])
+
+
 def continuation_logprobs(
     model: Decoder,
     prompt_ids: jax.Array,
@@ -31,10 +75,12 @@ def continuation_logprobs(
     cache: KVCache | None = None,
     dropout_key: jax.Array | None = None,
     temperature: float | jax.Array = 1.0,
+    candidates: jax.Array | None = None,
 ) -> jax.Array:
     """Log-probabilities of given continuation tokens after each prompt (one forward pass).
 
-    Only the continuation columns go through the vocabulary head, so memory is B x Tc x V.
+    Only the continuation columns go through the vocabulary head, so memory is B x Tc x V. The training
+    update scores its decisions with it too (:func:`jaxopt_marl.train_step.sequence_logprobs`).
 
     Args:
       model: the decoder (merged; call inside jit or eagerly).
@@ -44,11 +90,13 @@ def continuation_logprobs(
       cont_mask: bool[B, Tc].
       agent_ids: int32[B] adapter per row; None = frozen reference policy.
       cache: optional KV cache already holding a shared prefix (broadcast to B rows, with room for
-        Tp + Tc more slots).
+        Tp + Tc more slots, or a full prefix cache: the rows then only read it).
       dropout_key: enables LoRA dropout (training mode).
       temperature: the logits are divided by it before the softmax, so the log-probabilities are
         those of the distribution ``generate`` samples from at that temperature (issue #5: the
         sampled tokens' log-probability at the rollout temperature, no top-k/top-p reshaping).
+      candidates: optional int32[B, Tc, C] token ids each column's softmax is restricted to (-1 = none), see
+        :func:`tempered_logprobs`.
 
     Returns:
       float32[B, Tc]: log p_T(cont_t | prompt, cont_<t), 0 where ``cont_mask`` is False.
@@ -58,9 +106,7 @@ def continuation_logprobs(
     mask = jnp.concatenate([prompt_mask.astype(bool), cont_mask.astype(bool)], axis=1)
     h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache, dropout_key=dropout_key)
     logits = model.logits(h[:, -tc - 1 : -1])  # position t predicts token t + 1
-    logp = jax.nn.log_softmax(logits / temperature, axis=-1)
-    picked = jnp.take_along_axis(logp, cont_ids[..., None], axis=-1)[..., 0]
-    return jnp.where(cont_mask, picked, 0.0)
+    return jnp.where(cont_mask, tempered_logprobs(logits, cont_ids, temperature, candidates), 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -87,49 +133,23 @@ def step(graphdef, state, input_ids, cache, attention_mask=None, agent_ids=None)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "capacity"))
-def prefill_prefix(graphdef, state, prefix_ids, *, capacity: int | None = None) -> KVCache:
-    """Runs a shared prefix once (frozen base, batch 1) into a cache with ``capacity`` slots.
+def prefill_prefix(graphdef, state, prefix_ids, agent_ids=None, *, capacity: int | None = None) -> KVCache:
+    """Jitted :meth:`KVCache.prefill` on ``nnx.merge(graphdef, state)``: a shared prefix run once per adapter.
 
-    The prefix goes through the base without adapters, so it is only shareable as-is when the
-    adapters do not touch it -- use it for the reference policy or when all rows share the adapter
-    of ``agent_ids`` given later. (With per-agent adapters, K/V of the prefix differ per agent; use
-    :func:`prefill_prefix_per_agent`.)
+    Without ``agent_ids`` the prefix goes through the base without adapters at batch 1, so it is only
+    shareable as-is when the adapters do not touch it -- the reference policy, or all rows on the adapter
+    that computed it. With per-agent adapters pass ``agent_ids`` int32[N] (one row each) and pick each
+    row's with :meth:`KVCache.take`.
 
     Args:
       prefix_ids: int32[1, P].
+      agent_ids: int32[N] or None.
       capacity: total slots; default P (``generate`` grows the cache by what it needs).
 
     Returns:
-      KVCache with batch 1, ``index = P``.
+      KVCache with N rows (1 without ``agent_ids``), ``index = P``.
     """
-    model = nnx.merge(graphdef, state)
-    _, cache = model.hidden(prefix_ids, cache_size=capacity or prefix_ids.shape[1])
-    return cache
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "capacity"))
-def prefill_prefix_per_agent(graphdef, state, prefix_ids, agent_ids, *, capacity: int | None = None) -> KVCache:
-    """Runs a shared prefix once per adapter: int32[N] ``agent_ids`` -> cache with N rows.
-
-    Gather rows with ``jax.tree.map(lambda a: a[..., rows, ...])`` via :func:`gather_cache_rows`.
-    """
-    model = nnx.merge(graphdef, state)
-    n = agent_ids.shape[0]
-    _, cache = model.hidden(
-        jnp.repeat(prefix_ids, n, axis=0), agent_ids=agent_ids, cache_size=capacity or prefix_ids.shape[1]
-    )
-    return cache
-
-
-def gather_cache_rows(cache: KVCache, rows: jax.Array) -> KVCache:
-    """Selects batch rows int32[B] of a cache (e.g. each row's agent prefix)."""
-    return KVCache(
-        k=cache.k[:, rows],
-        v=cache.v[:, rows],
-        valid=cache.valid[rows],
-        next_pos=cache.next_pos[rows],
-        index=cache.index,
-    )
+    return KVCache.prefill(nnx.merge(graphdef, state), prefix_ids, agent_ids, capacity=capacity)
 
 
 class Generation(NamedTuple):
@@ -186,10 +206,8 @@ def decode(
     b, tp = prompt_ids.shape
     # The prompt attends to the prefix's own slots only; the returned cache has room for the rest.
     if max_new_tokens == 1:  # one token (a menu letter): nothing is decoded, so no cache is written
-        h, cache = model.hidden(
-            prompt_ids, attention_mask=prompt_mask, agent_ids=agent_ids, cache=prefix_cache
-        )  # cache is None: no cache_size
-        logits = model.logits(h[:, -1])
+        logits = next_token_logits(model, prompt_ids, prompt_mask, agent_ids=agent_ids, cache=prefix_cache)
+        cache = None
     else:
         size = (0 if prefix_cache is None else prefix_cache.size) + tp + max_new_tokens - 1
         logits, cache = model.step(
@@ -201,12 +219,10 @@ def decode(
 
     def sample(logits, i, done):
         """Token i of every row from its logits [B, V]; pad (log-prob 0) for rows already ended."""
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        logp_t = jax.nn.log_softmax(logits / t, axis=-1)
         greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         tok = jnp.where(hot, draw(i, logits / t).astype(jnp.int32), greedy)
-        tok_lp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-        tok_lpt = jnp.where(hot, jnp.take_along_axis(logp_t, tok[:, None], axis=-1)[:, 0], 0.0)
+        tok_lp = tempered_logprobs(logits, tok, 1.0)
+        tok_lpt = jnp.where(hot, tempered_logprobs(logits, tok, t), 0.0)
         live = ~done
         return (jnp.where(live, tok, pad_id), jnp.where(live, tok_lp, 0.0), jnp.where(live, tok_lpt, 0.0), live)
 

@@ -307,6 +307,54 @@ def test_generate_scores_agree_and_prefix_cache_matches(ids):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
+def test_tempered_logprobs_sampling_trace_and_scoring_agree(ids):
+    """One tempered log-prob (issue #13): a sampled token's ``logprobs_t`` is its score at the sampling
+    temperature, ``logprobs`` the score at T = 1, and a candidate set renormalises over its members only."""
+    model = _model()
+    _randomise_b(model)
+    graphdef, state = nnx.split(model)
+    mask = jnp.ones_like(ids, bool)
+    agents = jnp.array([1, 2])
+    gen = sampling.generate(graphdef, state, ids, mask, jax.random.key(2), agents, 0.7, max_new_tokens=3)
+    score = jax.jit(
+        lambda st, t: sampling.continuation_logprobs(
+            nnx.merge(graphdef, st), ids, mask, gen.tokens, gen.mask, agent_ids=agents, temperature=t
+        )
+    )
+    np.testing.assert_allclose(gen.logprobs_t, score(state, 0.7), atol=1e-5)
+    np.testing.assert_allclose(gen.logprobs, score(state, 1.0), atol=1e-5)
+    assert np.abs(np.asarray(gen.logprobs_t) - np.asarray(gen.logprobs)).max() > 1e-3
+    logits = jnp.asarray(np.random.RandomState(3).randn(2, 10), jnp.float32)
+    cand = jnp.array([[4, 1, -1], [0, 9, 2]])
+    got = sampling.tempered_logprobs(logits, jnp.array([1, 2]), 0.5, candidates=cand)
+    want = [jax.nn.log_softmax(logits[0, jnp.array([4, 1])] / 0.5)[1], jax.nn.log_softmax(logits[1, cand[1]] / 0.5)[2]]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_prefill_per_adapter_and_take_rows(ids):
+    """``KVCache.prefill`` runs a prefix once per adapter; ``take`` gives each row its adapter's prefix, and the
+    rows continuing it score as if each had recomputed the prefix on its own adapter."""
+    model = _model()
+    _randomise_b(model)
+    graphdef, state = nnx.split(model)
+    prefix, suffix = ids[:1, :4], ids[:, 4:]
+    cache = sampling.prefill_prefix(graphdef, state, prefix, jnp.array([0, 1, 2, -1]))
+    assert cache.k.shape[1] == 4 and int(cache.index) == 4
+    full = KVCache.full(cache.k, cache.v)
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(cache)):
+        np.testing.assert_array_equal(a, b)
+    rows, agents = jnp.array([2, 3]), jnp.array([2, -1])  # cache rows of adapter 2 and of adapters off
+    one = jnp.ones_like(suffix, bool)
+    cont = jax.jit(
+        lambda st, c: sampling.continuation_logprobs(
+            nnx.merge(graphdef, st), suffix[:, :3], one[:, :3], suffix[:, 3:], one[:, 3:], agent_ids=agents, cache=c
+        )
+    )
+    whole = jnp.concatenate([jnp.repeat(prefix, 2, 0), suffix], 1)
+    ref = sampling.score(graphdef, state, whole[:, :7], jnp.ones((2, 7), bool), whole[:, 7:], one[:, 3:], agents)
+    np.testing.assert_allclose(cont(state, cache.take(rows)), ref, atol=1e-5)
+
+
 def test_generate_stops_rows_at_end_tokens_like_a_token_by_token_loop(ids):
     """Greedy ``generate`` equals a by-hand loop of ``sampling.step`` calls; a row that emits an end
     token gets pad / log-prob 0 / mask False after it, and the others run to the M-token budget."""

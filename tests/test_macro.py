@@ -51,7 +51,12 @@ def test_advance_to_decision_freezes_envs_at_decision_points(setup):
     env, lib = setup
     keys = jax.random.split(jax.random.PRNGKey(0), B)
     ms = jax.vmap(lambda k: macro.init(lib, env, k, jnp.array([True, True]), jnp.array(False)))(keys)
-    adv = macro.make_advance_to_decision(lib, env)
+    batch = macro.make_advance_batch(lib, env)
+
+    def adv(ms, key):  # one key per env, as the rollouts' episode keys
+        ms, _, need, rec = batch(ms, jax.random.split(key, B))
+        return ms, need, rec
+
     begin = macro.make_begin_batch(lib)
     # At reset every agent is at a decision point: nothing advances.
     ms2, need, _ = adv(ms, jax.random.PRNGKey(1))

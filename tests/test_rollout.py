@@ -103,3 +103,39 @@ def test_idled_agent_only_waits_and_is_not_traced(roller):
 def test_policy_config_validation():
     with pytest.raises(ValueError, match="unknown scoring mode"):
         rollout.PolicyConfig(mode="beam")
+
+
+def test_sample_mode_trace_logp_is_tempered(roller):
+    """Issue #13 item 5: a sampled response's trace ``logp`` is its log-prob at the rollout temperature, as the
+    update scores it (``choice_only`` records the tempered one too), not the untempered sum."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxopt_marl import train_step as ts
+
+    pol = roller.policy
+    old = pol.cfg
+    pol.cfg = rollout.PolicyConfig(mode="sample", temperature=0.5, max_new_tokens=6)
+    try:
+        res = roller.collect([1], jax.random.PRNGKey(0))
+    finally:
+        pol.cfg = old
+    ds = [d for _, _, d in res.decisions]
+    batch = ts.pack_decisions(
+        [d.prompt_ids for d in ds],
+        [d.response_ids for d in ds],
+        [a for _, a, _ in res.decisions],
+        [0.0] * len(ds),
+        pad_id=pol.pad_id,
+        response_len=6,
+    )
+    score = jax.jit(
+        lambda st, t: ts.sequence_logprobs(
+            nnx.merge(pol.graphdef, st), batch, jnp.asarray(batch.agent_ids), temperature=t
+        )
+    )
+    tempered, plain = np.asarray(score(pol.state, 0.5)), np.asarray(score(pol.state, 1.0))
+    logp = np.array([d.logp for d in ds])
+    np.testing.assert_allclose(logp, tempered, rtol=1e-4, atol=1e-4)
+    assert np.abs(logp - plain).max() > 1.0  # the untempered sum is far off
+    assert all(t["logp"] == d.logp for t, d in zip(res.traces, ds))

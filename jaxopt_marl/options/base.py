@@ -257,6 +257,25 @@ class OptionLibrary(abc.ABC):
     def effect(self, opt, pre, post) -> jax.Array:
         """``bool[]``: delta-form effect predicate of option ``opt`` on (pre at initiation, post at termination)."""
 
+    # -- the game's scores and views (what the rollouts record; jittable, one environment state) -------------
+
+    @abc.abstractmethod
+    def team_count(self, state) -> jax.Array:
+        """``int32[]`` the paper's unshaped team return so far, as the integer count it is (apples eaten / soups
+        delivered): exact at any size (the prompts write it digit by digit)."""
+
+    def team_return(self, state) -> jax.Array:
+        """``float32[]`` :meth:`team_count` as the rollouts record it."""
+        return self.team_count(state).astype(jnp.float32)
+
+    @abc.abstractmethod
+    def agent_view(self, state) -> tuple[jax.Array, jax.Array]:
+        """``(pos int32[A, 2] (row, col), alive bool[A])`` of every agent."""
+
+    @abc.abstractmethod
+    def step_rewards(self, pre, post) -> jax.Array:
+        """``float32[A]`` unshaped rewards of the env step from ``pre`` to ``post``."""
+
     # -- generic -----------------------------------------------------------------------------------------
 
     def empty_exec(self) -> Exec:

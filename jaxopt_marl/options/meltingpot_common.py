@@ -358,6 +358,16 @@ class MeltingPotOptions(OptionLibrary):
     def present(self, state):
         return state.alive
 
+    def team_count(self, state):
+        return jnp.sum(state.apples_total, dtype=jnp.int32)
+
+    def agent_view(self, state):
+        return state.pos, state.alive
+
+    def step_rewards(self, pre, post):
+        """One per apple eaten in the step (``post.ate``)."""
+        return post.ate.astype(jnp.float32)
+
     def idle_action(self) -> int:
         return mp.NOOP
 

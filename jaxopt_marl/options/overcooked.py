@@ -309,6 +309,17 @@ class OvercookedOptions(OptionLibrary):
     def present(self, state):
         return jnp.ones((self.num_agents,), bool)
 
+    def team_count(self, state):
+        return jnp.asarray(state.deliveries, jnp.int32)
+
+    def agent_view(self, state):
+        pos = oc.agent_positions(state)
+        return pos, jnp.ones((pos.shape[0],), bool)
+
+    def step_rewards(self, pre, post):
+        """``DELIVERY_REWARD`` per soup delivered in the step, shared by both agents."""
+        return jnp.full((self.num_agents,), (post.deliveries - pre.deliveries) * oc.DELIVERY_REWARD, jnp.float32)
+
     def _pot_states(self, state):
         """``int32[P]`` read-set pot state of every pot (static indices)."""
         view = oc.pot_view(state, self.info.pots)
