@@ -1,9 +1,9 @@
 """Session fixtures shared by test modules: the tiny-model smoke runs of the games (each played once per test
 session, as a subprocess of ``python -m experiments.<game> --preset smoke --model tiny-random``).
 
-The smoke runs a session needs are started in the background as soon as the tests are collected, one at a time,
-so they overlap with the in-process tests (XLA compiles on one core; CI has two): a test that asks for a run
-waits for it. A run nothing selected asks for is never played.
+The smoke runs (and other subprocess jobs, tests/background.py) a session needs start in the background as soon
+as the tests are collected, one at a time, so they overlap with the in-process tests (XLA compiles on one core;
+CI has two): a test that asks for a job's result waits for it. A job no selected test asks for never runs.
 """
 
 import atexit
@@ -12,10 +12,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
+import jax
 import pytest
+
+from tests.background import BACKGROUND
 
 ROOT = Path(__file__).resolve().parents[1]
 # The runs' persistent JAX compilation cache (experiments.common.run): one fresh directory per test process, so
@@ -24,6 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if "JAXOPT_MARL_JAX_CACHE" not in os.environ:
     os.environ["JAXOPT_MARL_JAX_CACHE"] = tempfile.mkdtemp(prefix="jaxopt-marl-test-cache-")
     atexit.register(shutil.rmtree, os.environ["JAXOPT_MARL_JAX_CACHE"], ignore_errors=True)
+# The in-process tests' persistent compilation cache: a fresh directory of their own (not the runs'), so a program
+# that several tests compile (the same computation traced again by another jit closure: a train step or a model
+# call of the same configuration and shapes) compiles once per test process. A hit loads the executable the
+# compile produced: results are bit-identical.
+_INPROCESS_CACHE = tempfile.mkdtemp(prefix="jaxopt-marl-test-inprocess-cache-")
+atexit.register(shutil.rmtree, _INPROCESS_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _INPROCESS_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 #: game -> the command line's module and flags. Cleanup's run scores in ``choice_only`` mode (the cpu preset's),
 #: the others sample (the smoke preset's), so both kinds of decision trace are covered.
 SMOKE_COMMANDS = {
@@ -43,107 +53,55 @@ def run_cli(*args, timeout=900):
 
 
 def _smoke_argv(game, out):
-    return [*SMOKE_COMMANDS[game], "--preset", "smoke", "--model", "tiny-random", "--out", str(out)]
+    return ["-m", *SMOKE_COMMANDS[game], "--preset", "smoke", "--model", "tiny-random", "--out", str(out)]
 
 
-class _SmokeRuns:
-    """The session's smoke runs: a queue of games played one at a time by a background thread, each a
-    subprocess (:func:`run_cli`'s command) into a fresh directory; :meth:`get` waits for a game's run."""
-
-    def __init__(self):
-        self.base = Path(tempfile.mkdtemp(prefix="jaxopt-marl-smoke-"))
-        atexit.register(shutil.rmtree, self.base, ignore_errors=True)
-        atexit.register(self._stop)
-        self.cond = threading.Condition()
-        self.queue, self.done, self.proc, self.thread = [], {}, None, None
-
-    def start(self, games):
-        """Queue ``games`` (in order) and start the background player."""
-        with self.cond:
-            self.queue += [g for g in games if g not in self.queue and g not in self.done]
-            if self.thread is None and self.queue:
-                self.thread = threading.Thread(target=self._player, name="smoke-runs", daemon=True)
-                self.thread.start()
-
-    def _player(self):
-        while True:
-            with self.cond:
-                if not self.queue:
-                    self.thread = None
-                    return
-                game = self.queue.pop(0)
-            out = self.base / f"smoke-{game}" / "run"
-            out.parent.mkdir(parents=True)
-            env = dict(os.environ, PYTHONPATH=str(ROOT))
-            try:
-                with self.cond:
-                    self.proc = subprocess.Popen(
-                        [sys.executable, "-m", *_smoke_argv(game, out)],
-                        cwd=ROOT,
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                    )
-                stdout, stderr = self.proc.communicate(timeout=900)
-                result = (out, self.proc.returncode, stdout, stderr)
-            except Exception as e:  # reported by get()
-                if self.proc is not None:
-                    self.proc.kill()
-                result = (out, None, "", repr(e))
-            with self.cond:
-                self.proc = None
-                self.done[game] = result
-                self.cond.notify_all()
-
-    def _stop(self):
-        with self.cond:
-            self.queue.clear()
-            if self.proc is not None:
-                self.proc.kill()
-
-    def get(self, game):
-        """``(run_dir, stdout)`` of ``game``'s smoke run; queued first (ahead of the others) if not yet asked."""
-        with self.cond:
-            if game not in self.done:
-                if game in self.queue:
-                    self.queue.remove(game)
-                self.queue.insert(0, game)
-        self.start([])
-        with self.cond:
-            self.cond.wait_for(lambda: game in self.done)
-            out, rc, stdout, stderr = self.done[game]
-        assert rc == 0, f"{_smoke_argv(game, out)}: exit status {rc}\n" + stdout[-3000:] + stderr[-3000:]
-        return out, stdout
+def _smoke_dir(game):
+    return BACKGROUND.base / f"smoke-{game}" / "run"
 
 
-_SMOKE = _SmokeRuns()
+for _game in SMOKE_COMMANDS:
+    _smoke_dir(_game).parent.mkdir(parents=True, exist_ok=True)
+    BACKGROUND.register(f"smoke:{_game}", _smoke_argv(_game, _smoke_dir(_game)))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "background(name): the test reads background job ``name`` (tests/conftest.py)")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Start the smoke runs the selected tests will ask for, in the order they first ask (``smoke_run``:
-    Overcooked AA; ``smoke_runs``: the test's ``game`` parameter, else every game). Not under pytest-xdist,
-    whose workers each collect every test but run only some (there the runs start on first use), nor for
-    ``--collect-only``."""
+    """Start the background jobs the selected tests will ask for, in the order they first ask (``smoke_run``:
+    Overcooked AA's smoke run; ``smoke_runs``: the test's ``game`` parameter, else every game; the
+    ``background`` marker's name). Not under pytest-xdist, whose workers each collect every test but run only
+    some (there the jobs start on first use), nor for ``--collect-only``."""
     if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly:
         return
-    games = []
+    names = []
     for item in items:
-        names = getattr(item, "fixturenames", ())
-        if "smoke_run" in names:
-            games.append("overcooked_aa")
-        elif "smoke_runs" in names:
-            callspec = getattr(item, "callspec", None)
-            game = callspec.params.get("game") if callspec else None
-            games += [game] if game in SMOKE_COMMANDS else list(SMOKE_COMMANDS)
-    _SMOKE.start(list(dict.fromkeys(games)))
+        fixtures = getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec else {}
+        if "smoke_run" in fixtures:
+            names.append("smoke:overcooked_aa")
+        elif "smoke_runs" in fixtures:
+            game = params.get("game")
+            names += [f"smoke:{g}" for g in ([game] if game in SMOKE_COMMANDS else SMOKE_COMMANDS)]
+        for mark in item.iter_markers("background"):
+            names.append(mark.args[0].format(**params))
+    BACKGROUND.start(names)
 
 
 @pytest.fixture(scope="session")
 def smoke_runs():
     """``get(game) -> (run_dir, stdout)``: the smoke run of ``game`` (a key of :data:`SMOKE_COMMANDS`), played
-    once per session (in the background from the start, see the module docstring) and shared by every test."""
-    return _SMOKE.get
+    once per session (in the background from the start, tests/background.py) and shared by every test."""
+
+    def get(game):
+        p = BACKGROUND.get(f"smoke:{game}")
+        assert p.returncode == 0, f"{p.args}: exit status {p.returncode}\n" + p.stdout[-3000:] + p.stderr[-3000:]
+        return _smoke_dir(game), p.stdout
+
+    return get
 
 
 @pytest.fixture(scope="session")

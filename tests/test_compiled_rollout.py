@@ -16,6 +16,7 @@ from lora import LoRAConfig, split_model
 from tests.helpers import assert_fp32_close
 
 STEPS = 16
+CHOICE_STEPS = 8
 # One branch (rows padded to 4, one column width): compiles fast; chunking itself is tested separately.
 ONE_BRANCH = cr.ChunkConfig(row_sizes=(4,), pad_rows=True, length_step=4096)
 
@@ -40,7 +41,9 @@ def oc_sample():
 
 @pytest.fixture(scope="module")
 def oc_choice():
-    return _roller("overcooked_aa", "choice_only")
+    # tests/test_trainer.py's roller (tests.helpers.tiny_compiled_roller: 8 steps, one branch of 4 rows): the same
+    # program, which the in-process compilation cache (tests/conftest.py) compiles once for both modules.
+    return _roller("overcooked_aa", "choice_only", chunks=cr.ChunkConfig.single(4), steps=CHOICE_STEPS)
 
 
 def _n_logp(r, traces):
@@ -242,7 +245,7 @@ def test_replay_reproduces_the_episode(oc_choice):
     r = oc_choice
     res = r.collect([21, 22], jax.random.PRNGKey(5))
     frames = r.replay_frames(22, jax.random.PRNGKey(5), res.traj["actions"][1])
-    assert frames.shape[0] == STEPS and frames.dtype == np.uint8
+    assert frames.shape[0] == CHOICE_STEPS and frames.dtype == np.uint8
     # The replayed final state renders like the rollout's final state.
     import envs_jax  # noqa: F401
 
@@ -250,7 +253,7 @@ def test_replay_reproduces_the_episode(oc_choice):
     _, state = env.reset(jax.random.PRNGKey(22))
     env_key = rollout.episode_keys(jax.random.PRNGKey(5), jnp.asarray([22]))[0][0]
     step = jax.jit(lambda k, s, a: env.step_env(k, s, {ag: a[i] for i, ag in enumerate(env.agents)})[1])
-    for t in range(STEPS):
+    for t in range(CHOICE_STEPS):
         state = step(jax.random.fold_in(env_key, t), state, jnp.asarray(res.traj["actions"][1, t], jnp.int32))
         np.testing.assert_array_equal(np.asarray(env.agent_positions(state)), res.traj["positions"][1, t])
     np.testing.assert_array_equal(frames[-1], np.asarray(env.render(state)))

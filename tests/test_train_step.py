@@ -3,8 +3,6 @@ and clipping, shared adapter, 8-device mesh parity, and a tiny task that the upd
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -17,6 +15,7 @@ from flax import nnx
 from jaxopt_marl import magrpo
 from jaxopt_marl import train_step as ts
 from lora import Decoder, LoRAConfig, ModelConfig, sampling, split_model
+from tests.background import BACKGROUND
 from tests.helpers import assert_fp32_close
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -334,18 +333,19 @@ _MESH_SCRIPT = textwrap.dedent("""
 """)
 
 
+for _mb in (2, 1):
+    # Played in a subprocess with 8 virtual CPU devices, in the background from collection on (tests/conftest.py).
+    BACKGROUND.register(
+        f"mesh-{_mb}",
+        ["-c", _MESH_SCRIPT],
+        {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "MINIBATCHES": str(_mb), "JAX_PLATFORMS": "cpu"},
+    )
+
+
 @pytest.mark.parametrize("minibatches", [2, 1])
+@pytest.mark.background("mesh-{minibatches}")
 def test_eight_device_mesh_matches_one_device(minibatches):
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        MINIBATCHES=str(minibatches),
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", _MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
-    )
+    proc = BACKGROUND.get(f"mesh-{minibatches}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
     out = json.loads(line[len("RESULT") :])
