@@ -1,5 +1,10 @@
 """Session fixtures shared by test modules: the tiny-model smoke runs of the games (each played once per test
-session, as a subprocess of ``python -m experiments.<game> --preset smoke --model tiny-random``)."""
+session, as a subprocess of ``python -m experiments.<game> --preset smoke --model tiny-random``).
+
+The smoke runs (and other subprocess jobs, tests/background.py) a session needs start in the background as soon
+as the tests are collected, one at a time, so they overlap with the in-process tests (XLA compiles on one core;
+CI has two): a test that asks for a job's result waits for it. A job no selected test asks for never runs.
+"""
 
 import atexit
 import os
@@ -9,7 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import jax
 import pytest
+
+from tests.background import BACKGROUND
 
 ROOT = Path(__file__).resolve().parents[1]
 # The runs' persistent JAX compilation cache (jaxopt_marl.pipeline.run): one fresh directory per test process, so
@@ -18,6 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if "JAXOPT_MARL_JAX_CACHE" not in os.environ:
     os.environ["JAXOPT_MARL_JAX_CACHE"] = tempfile.mkdtemp(prefix="jaxopt-marl-test-cache-")
     atexit.register(shutil.rmtree, os.environ["JAXOPT_MARL_JAX_CACHE"], ignore_errors=True)
+# The in-process tests' persistent compilation cache: a fresh directory of their own (not the runs'), so a program
+# that several tests compile (the same computation traced again by another jit closure: a train step or a model
+# call of the same configuration and shapes) compiles once per test process. A hit loads the executable the
+# compile produced: results are bit-identical.
+_INPROCESS_CACHE = tempfile.mkdtemp(prefix="jaxopt-marl-test-inprocess-cache-")
+atexit.register(shutil.rmtree, _INPROCESS_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _INPROCESS_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 #: game -> the command line's module and flags. Cleanup's run scores in ``choice_only`` mode (the cpu preset's),
 #: the others sample (the smoke preset's), so both kinds of decision trace are covered.
 SMOKE_COMMANDS = {
@@ -36,19 +52,54 @@ def run_cli(*args, timeout=900):
     )
 
 
+def _smoke_argv(game, out):
+    return ["-m", *SMOKE_COMMANDS[game], "--preset", "smoke", "--model", "tiny-random", "--out", str(out)]
+
+
+def _smoke_dir(game):
+    return BACKGROUND.base / f"smoke-{game}" / "run"
+
+
+for _game in SMOKE_COMMANDS:
+    _smoke_dir(_game).parent.mkdir(parents=True, exist_ok=True)
+    BACKGROUND.register(f"smoke:{_game}", _smoke_argv(_game, _smoke_dir(_game)))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "background(name): the test reads background job ``name`` (tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Start the background jobs the selected tests will ask for, in the order they first ask (``smoke_run``:
+    Overcooked AA's smoke run; ``smoke_runs``: the test's ``game`` parameter, else every game; the
+    ``background`` marker's name). Not under pytest-xdist, whose workers each collect every test but run only
+    some (there the jobs start on first use), nor for ``--collect-only``."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly:
+        return
+    names = []
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec else {}
+        if "smoke_run" in fixtures:
+            names.append("smoke:overcooked_aa")
+        elif "smoke_runs" in fixtures:
+            game = params.get("game")
+            names += [f"smoke:{g}" for g in ([game] if game in SMOKE_COMMANDS else SMOKE_COMMANDS)]
+        for mark in item.iter_markers("background"):
+            names.append(mark.args[0].format(**params))
+    BACKGROUND.start(names)
+
+
 @pytest.fixture(scope="session")
-def smoke_runs(tmp_path_factory):
+def smoke_runs():
     """``get(game) -> (run_dir, stdout)``: the smoke run of ``game`` (a key of :data:`SMOKE_COMMANDS`), played
-    on first use and shared by every test of the session."""
-    cache = {}
+    once per session (in the background from the start, tests/background.py) and shared by every test."""
 
     def get(game):
-        if game not in cache:
-            out = tmp_path_factory.mktemp(f"smoke-{game}") / "run"
-            p = run_cli(*SMOKE_COMMANDS[game], "--preset", "smoke", "--model", "tiny-random", "--out", str(out))
-            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-            cache[game] = (out, p.stdout)
-        return cache[game]
+        p = BACKGROUND.get(f"smoke:{game}")
+        assert p.returncode == 0, f"{p.args}: exit status {p.returncode}\n" + p.stdout[-3000:] + p.stderr[-3000:]
+        return _smoke_dir(game), p.stdout
 
     return get
 

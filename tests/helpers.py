@@ -1,5 +1,8 @@
-"""Shared test helpers: a tiny-model rollout stack (rollout / trainer tests) and the option-library drivers
-(scripted Melting Pot states, one option run to termination)."""
+"""Shared test helpers: float32 tolerances, a tiny-model rollout stack (rollout / trainer tests) and the
+option-library drivers (scripted Melting Pot states, one option run to termination)."""
+
+import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +11,52 @@ import pytest
 
 from envs_jax import meltingpot as mp
 from jaxopt_marl.options.base import NO_REASON
+
+# ---------------------------------------------------------------------------------------------------------
+# Float32 tolerances
+# ---------------------------------------------------------------------------------------------------------
+
+#: float32 machine epsilon (2**-23 = 1.19e-7): the relative spacing of float32 numbers near 1.
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def fp32_atol(scale, n, k=8.0):
+    """Absolute tolerance for two float32 evaluations of one quantity that differ only in their order of
+    operations (micro-batched vs one pass, sharded vs unsharded, cached vs recomputed, JAX vs a NumPy
+    reference): ``k * EPS32 * sqrt(n) * scale``.
+
+    Each of ``n`` roundings on a result's path adds an error of at most ``EPS32 / 2`` times the magnitude it
+    rounds; under another order they fall differently, and their sum grows like ``sqrt(n)`` (a random walk,
+    the usual model of accumulated rounding). ``scale`` is the largest magnitude on that path (the summed
+    terms, or the quantity's largest element): a result that is small because large terms cancel carries the
+    terms' absolute error, which is why an elementwise ``rtol`` is the wrong model for sums (issue 13: 1 element
+    of 768 off by 1.29e-4 relative, 6.7e-6 absolute). Where each element is its own chain of products (no
+    sums), ``scale`` may be the array of the elements' own magnitudes. ``k`` is the margin: 8 (the random walk's
+    several sigmas) per chained program or step; callers that chain several state it.
+    """
+    return k * EPS32 * math.sqrt(n) * np.asarray(scale, np.float64)
+
+
+def assert_fp32_close(actual, desired, n, *, scale=None, k=8.0, err_msg=""):
+    """``|actual - desired| <= fp32_atol(scale, n, k)``, ``scale`` by default ``max |desired|`` (the array's
+    largest element, not each element's own). With ``FP32_MARGINS=1`` in the environment, prints the largest
+    error as a fraction of its tolerance (``pytest -s``), to check the margins."""
+    a, d = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
+    assert a.shape == d.shape, (a.shape, d.shape, err_msg)
+    if scale is None:
+        scale = np.abs(d).max() if d.size else 0.0
+    tol = np.broadcast_to(fp32_atol(scale, n, k), d.shape)
+    err = np.abs(a - d)
+    frac = float((err / np.where(tol > 0, tol, np.inf)).max()) if d.size else 0.0
+    if os.environ.get("FP32_MARGINS"):
+        e, t = (float(err.max()), float(tol.max())) if d.size else (0.0, 0.0)
+        print(f"\nFP32_MARGIN {err_msg or '-'}: largest error / tolerance {frac:.3g} (n={n}, k={k}; {e:.3g}, {t:.3g})")
+    bad = err > tol
+    assert not bad.any(), (
+        f"{err_msg}: {int(bad.sum())} of {d.size} element(s) off by more than k * eps32 * sqrt(n) * scale "
+        f"(k={k}, n={n}): largest |difference| {err.max():.3g}, largest scale {float(np.max(scale)):.3g}"
+    )
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Rollouts with a tiny random decoder

@@ -10,8 +10,23 @@ from flax import nnx
 from lora import Decoder, KVCache, LoRAConfig, LoRAParam, ModelConfig, sampling, split_model
 from lora.params import build_model, export_hf_weights
 from lora.reference import reference_logits
+from tests.helpers import assert_fp32_close
 
 N_AGENTS = 3
+
+
+def _n_logits(t, cfg=None):
+    """Float32 roundings on the path of one logit of a ``t``-token row (tests.helpers.fp32_atol): per layer the
+    q/k/v, attention-output, MLP-in and MLP-out reductions (hidden and intermediate sizes), the attention
+    scores and mix (head dim, ``t`` positions) and two RMS norms; then the final norm and the logit itself."""
+    cfg = cfg or ModelConfig.tiny()
+    return cfg.num_layers * (4 * cfg.hidden_size + 2 * cfg.intermediate_size + cfg.head_dim + t) + 2 * cfg.hidden_size
+
+
+def _n_logp(t):
+    """... of one token's log-prob: its logit's path and the log-softmax (a max, the log of a sum of terms
+    <= 1: a few roundings of the log-prob's size)."""
+    return _n_logits(t) + 4
 
 
 def _model(arch="llama", lora=None, seed=0):
@@ -49,7 +64,7 @@ def test_logits_match_numpy_reference(arch, ids):
     ref = reference_logits({k: v.astype(np.float64) for k, v in weights.items()}, model.cfg, np.asarray(ids))
     out = np.asarray(_fwd(model, ids))
     assert out.dtype == np.float32 and out.shape == (2, 9, 128)
-    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    assert_fp32_close(out, ref, _n_logits(9))  # float32 vs the float64 reference: the float32 error alone
     # The key map round-trips: rebuilding from the exported HF names gives identical logits.
     rebuilt = build_model(model.cfg, weights, source="<memory>", lora=model.lora_cfg)
     np.testing.assert_array_equal(np.asarray(_fwd(rebuilt, ids)), out)
@@ -76,7 +91,7 @@ def test_logits_match_torch_llama_if_available(ids):
     hf.load_state_dict({k: torch.tensor(v) for k, v in export_hf_weights(model).items()}, strict=False)
     with torch.no_grad():
         ref = hf(torch.tensor(np.asarray(ids))).logits.numpy()
-    np.testing.assert_allclose(np.asarray(_fwd(model, ids)), ref, atol=1e-4 * np.abs(ref).max())
+    assert_fp32_close(np.asarray(_fwd(model, ids)), ref, _n_logits(9), k=2 * 8.0)  # two float32 programs
 
 
 def test_kv_cache_and_left_padding_match_full_forward(ids):
@@ -89,12 +104,12 @@ def test_kv_cache_and_left_padding_match_full_forward(ids):
     for t in range(5, 9):
         last, cache = sampling.step(graphdef, state, ids[:, t : t + 1], cache)
         steps.append(last)
-    np.testing.assert_allclose(np.stack(steps, 1), full[:, 4:], atol=1e-5)
+    assert_fp32_close(np.stack(steps, 1), full[:, 4:], _n_logits(9), k=2 * 8.0)  # two float32 programs
     # Row 0 left-padded by 3 behaves like its unpadded suffix.
     mask = jnp.array([[0, 0, 0] + [1] * 6, [1] * 9], bool)
     padded = _fwd(model, ids, attention_mask=mask, agent_ids=jnp.array([1, 2]))
     alone = _fwd(model, ids[:1, 3:], agent_ids=jnp.array([1]))
-    np.testing.assert_allclose(padded[0, 3:], alone[0], atol=1e-5)
+    assert_fp32_close(padded[0, 3:], alone[0], _n_logits(9), k=2 * 8.0)
 
 
 def _chunked_logits(model, ids, mask, agents, bounds, size):
@@ -138,7 +153,7 @@ def test_cached_chunks_match_full_forward():
     assert round(sizes[1] / model_lib._CAUSAL_BLOCK) > 1
     got, cache = _chunked_logits(model, ids, mask, agents, bounds, size=t + 8)
     real = np.asarray(mask)
-    np.testing.assert_allclose(got[real], full[real], atol=1e-5)
+    assert_fp32_close(got[real], full[real], _n_logits(t), k=2 * 8.0)
     assert int(cache.index) == t and cache.size == t + 8
     assert np.array_equal(np.asarray(cache.valid[:, :t]), real)
     assert not np.asarray(cache.valid[:, t:]).any()
@@ -166,10 +181,11 @@ def test_cached_chunk_gradients_match_full_forward():
 
     g_full = jax.grad(full_loss)(lora_state)
     g_cached = jax.grad(cached_loss)(lora_state)
+    # A gradient component: the forward, the backward through it, and the loss's sum of 2 x 15 x 128 logits;
+    # compared against its leaf's largest |component| (a small component carries its terms' absolute error).
+    n = 2 * _n_logits(40) + 2 * 15 * 128
     for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cached)):
-        np.testing.assert_allclose(
-            np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-4 * float(np.abs(np.asarray(a)).max()) + 1e-8
-        )
+        assert_fp32_close(np.asarray(b), np.asarray(a), n, k=2 * 8.0)
     assert max(float(np.abs(np.asarray(a)).max()) for a in jax.tree.leaves(g_full)) > 0
 
 
@@ -207,11 +223,11 @@ def test_blocked_causal_attention_matches_cache_path_and_reference():
         return m.logits(h)
 
     via_cache = np.asarray(cached(state))
-    np.testing.assert_allclose(blocked[0, 20:], via_cache[0, 20:], atol=1e-5)
-    np.testing.assert_allclose(blocked[1], via_cache[1], atol=1e-5)
+    assert_fp32_close(blocked[0, 20:], via_cache[0, 20:], _n_logits(t), k=2 * 8.0)
+    assert_fp32_close(blocked[1], via_cache[1], _n_logits(t), k=2 * 8.0)
     weights = {k: v.astype(np.float64) for k, v in export_hf_weights(model).items()}
     ref = reference_logits(weights, model.cfg, np.asarray(ids[1:]))[0]
-    np.testing.assert_allclose(blocked[1], ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    assert_fp32_close(blocked[1], ref, _n_logits(t))
 
 
 def test_fresh_adapters_equal_base_exactly(ids):
@@ -227,12 +243,13 @@ def test_rows_use_their_own_adapter(ids):
     mixed = _fwd(model, ids, agent_ids=jnp.array([2, 0]))
     swapped = _fwd(model, ids[::-1], agent_ids=jnp.array([0, 2]))
     base = _fwd(model, ids)
-    np.testing.assert_allclose(mixed, swapped[::-1], atol=1e-5)
+    # Another batch (rows swapped, other neighbours): the same rows through other matmul blockings.
+    assert_fp32_close(mixed, swapped[::-1], _n_logits(9), k=2 * 8.0)
     single = _fwd(model, ids, agent_ids=jnp.array([2, 2]))
-    np.testing.assert_allclose(mixed[0], single[0], atol=1e-5)
+    assert_fp32_close(mixed[0], single[0], _n_logits(9), k=2 * 8.0)
     assert not np.allclose(mixed[0], base[0], atol=1e-3)  # adapters do something
     # id -1 = reference policy row in the same batch.
-    np.testing.assert_allclose(_fwd(model, ids, agent_ids=jnp.array([-1, 0]))[0], base[0], atol=1e-6)
+    assert_fp32_close(_fwd(model, ids, agent_ids=jnp.array([-1, 0]))[0], base[0], _n_logits(9), k=2 * 8.0)
 
 
 def test_training_mode_dropout_zero_is_bit_identical(ids):
@@ -291,7 +308,7 @@ def test_generate_scores_agree_and_prefix_cache_matches(ids):
     agents = jnp.array([0, 2])
     gen = sampling.generate(graphdef, state, ids, mask, jax.random.key(0), agents, 1.0, max_new_tokens=4, eos_ids=(5,))
     scored = sampling.score(graphdef, state, ids, mask, gen.tokens, gen.mask, agents)
-    np.testing.assert_allclose(scored, gen.logprobs, atol=1e-5)
+    assert_fp32_close(scored, gen.logprobs, _n_logp(13), k=2 * 8.0)  # cached decode vs full-row scoring
     # A batch-1 prefix computed once and broadcast == recomputing it per row (reference policy).
     prefix = ids[:1, :4]
     cache = sampling.prefill_prefix(graphdef, state, prefix).broadcast(2)
@@ -304,7 +321,7 @@ def test_generate_scores_agree_and_prefix_cache_matches(ids):
         graphdef, state, full, jnp.ones_like(full, bool), jax.random.key(3), None, 0.0, max_new_tokens=4
     )
     np.testing.assert_array_equal(a.tokens, b.tokens)
-    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert_fp32_close(a.logprobs, b.logprobs, _n_logp(13), k=2 * 8.0)
 
 
 def test_tempered_logprobs_sampling_trace_and_scoring_agree(ids):
@@ -388,7 +405,7 @@ def test_generate_stops_rows_at_end_tokens_like_a_token_by_token_loop(ids):
     stop0 = int(np.argmax(greedy[0] == end)) + 1
     np.testing.assert_array_equal(gen.tokens[0], list(greedy[0, :stop0]) + [-7] * (m - stop0))
     np.testing.assert_array_equal(gen.mask[0], [True] * stop0 + [False] * (m - stop0))
-    np.testing.assert_allclose(gen.logprobs[0, :stop0], logps[0, :stop0], atol=1e-5)
+    assert_fp32_close(gen.logprobs[0, :stop0], logps[0, :stop0], _n_logp(15), k=2 * 8.0)
     assert not np.asarray(gen.logprobs[0, stop0:]).any()
     stop1 = int(np.argmax(greedy[1] == end)) + 1 if end in greedy[1] else m
     np.testing.assert_array_equal(gen.tokens[1, :stop1], greedy[1, :stop1])
@@ -397,7 +414,7 @@ def test_generate_stops_rows_at_end_tokens_like_a_token_by_token_loop(ids):
         graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0), agents, 0.0, max_new_tokens=1, eos_ids=(end,)
     )  # no cache written
     np.testing.assert_array_equal(one.tokens[:, 0], greedy[:, 0])
-    np.testing.assert_allclose(one.logprobs[:, 0], logps[:, 0], atol=1e-5)
+    assert_fp32_close(one.logprobs[:, 0], logps[:, 0], _n_logp(10), k=2 * 8.0)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
         sampling.generate(graphdef, state, ids, jnp.ones_like(ids, bool), jax.random.key(0), max_new_tokens=0)
 

@@ -14,6 +14,7 @@ from lora.gguf_loader import default_gguf_path
 from lora.params import export_hf_weights
 from lora.reference import reference_logits
 from lora.tokenizer import render_chat
+from tests.helpers import assert_fp32_close
 
 MENU = (
     "Action menu:\nA) eat apple @ (2, 11)\nB) clean dirt @ (4, 5)\nC) go to the river\n"
@@ -50,7 +51,11 @@ def test_logits_match_numpy_reference_on_real_weights(smollm2):
     ref = reference_logits({k: v.astype(np.float64) for k, v in weights.items()}, model.cfg, ids)
     graphdef, state = nnx.split(model)
     out = np.asarray(sampling.forward(graphdef, state, jnp.asarray(ids)))
-    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    # float32 vs the float64 reference: roundings on a logit's path (per layer the projections, MLP, attention
+    # over the row and norms, then the final norm and logit), scale the largest |logit|.
+    c = model.cfg
+    n = c.num_layers * (4 * c.hidden_size + 2 * c.intermediate_size + c.head_dim + ids.shape[1]) + 2 * c.hidden_size
+    assert_fp32_close(out, ref, n)
 
 
 def test_greedy_chat_answer(smollm2):

@@ -7,6 +7,14 @@ import numpy as np
 import pytest
 
 from jaxopt_marl import magrpo
+from tests.helpers import assert_fp32_close
+
+#: Float32 roundings behind one advantage (tests.helpers.fp32_atol): the mean (3-4 returns), the centring, the
+#: variance (as many squares and a sum), its square root and the division.
+N_ADV = 12
+#: ... behind one per-agent loss term: the log-prob differences, exp, the clip, the product with A, the k3 KL
+#: (exp, two subtractions), the beta product and the mean over 2 decisions.
+N_LOSS = 12
 
 # --------------------------------------------------------------------------------------------------
 # Advantages.
@@ -18,15 +26,15 @@ def test_grpo_advantage_hand_values():
     # A = centred / std = [0, -sqrt(3/2), +sqrt(3/2)] = [0, -1.2247449, 1.2247449].
     adv = np.asarray(magrpo.group_relative_advantage(jnp.array([1.0, 0.0, 2.0])))
     assert adv.dtype == np.float32
-    np.testing.assert_allclose(adv, [0.0, -math.sqrt(1.5), math.sqrt(1.5)], rtol=1e-6)
+    # float32 vs exact: a mean, a variance and a square root of 3 returns, a division (N_ADV roundings).
+    assert_fp32_close(adv, [0.0, -math.sqrt(1.5), math.sqrt(1.5)], N_ADV)
     assert adv[0] == 0.0
     # Sample std (ddof = 1): var = 2/2 = 1, so A = centred = [0, -1, 1].
-    np.testing.assert_allclose(
-        magrpo.group_relative_advantage(jnp.array([1.0, 0.0, 2.0]), ddof=1), [0.0, -1.0, 1.0], rtol=1e-6
-    )
-    # Population convention: zero mean and unit RMS.
+    assert_fp32_close(magrpo.group_relative_advantage(jnp.array([1.0, 0.0, 2.0]), ddof=1), [0.0, -1.0, 1.0], N_ADV)
+    # Population convention: zero mean and unit RMS (each advantage off by float32 error, scale max |A|).
     adv = np.asarray(magrpo.group_relative_advantage(jnp.array([3.0, 7.0, 7.0, 19.0])), np.float64)
-    assert abs(adv.mean()) < 1e-6 and abs(np.sqrt((adv**2).mean()) - 1.0) < 1e-6
+    assert_fp32_close(adv.mean(), 0.0, N_ADV, scale=np.abs(adv).max())
+    assert_fp32_close(np.sqrt((adv**2).mean()), 1.0, 2 * N_ADV, scale=np.abs(adv).max())
 
 
 @pytest.mark.parametrize(
@@ -55,7 +63,7 @@ def test_tiny_spread_below_eps_and_batched_cohorts():
     adv = np.asarray(magrpo.group_relative_advantage(r))
     assert np.all(adv[0] == 0.0)
     # [0, 1, 0]: mean 1/3, std sqrt(2)/3 -> A = [-1/sqrt(2), sqrt(2), -1/sqrt(2)].
-    np.testing.assert_allclose(adv[1], [-1 / math.sqrt(2), math.sqrt(2), -1 / math.sqrt(2)], rtol=1e-6)
+    assert_fp32_close(adv[1], [-1 / math.sqrt(2), math.sqrt(2), -1 / math.sqrt(2)], N_ADV)
 
 
 def test_decision_advantages_broadcast():
@@ -100,14 +108,19 @@ def test_loss_on_hand_computed_cohort():
     k3 = [1 - math.log(2), 0.0, 0.5 + math.log(2) - 1, 0.5 - math.log(1.5)]
     l0 = -0.2 * s + beta * (k3[0] + k3[1]) / 2
     l1 = -0.55 * s + beta * (k3[2] + k3[3]) / 2
-    np.testing.assert_allclose(m["pg_loss"], [-0.2 * s, -0.55 * s], rtol=1e-6)
-    np.testing.assert_allclose(m["kl"], [(k3[0] + k3[1]) / 2, (k3[2] + k3[3]) / 2], rtol=1e-5)
-    np.testing.assert_allclose(m["loss"], [l0, l1], rtol=1e-6)
-    np.testing.assert_allclose(m["loss"], [-0.22960633, -0.6592256], rtol=1e-6)
-    np.testing.assert_allclose(loss, -0.8888319, rtol=1e-6)
+    # float32 vs exact: the log-probs (|x| <= 3) are float32 sums, their differences go through exp (ratios
+    # <= 2) and are multiplied by |A| <= s, then averaged over 2 decisions: a few roundings (N_LOSS), scale the
+    # largest such term, 3 * 2 * s.
+    terms = 3 * 2 * s
+    assert_fp32_close(m["pg_loss"], [-0.2 * s, -0.55 * s], N_LOSS, scale=terms)
+    assert_fp32_close(m["kl"], [(k3[0] + k3[1]) / 2, (k3[2] + k3[3]) / 2], N_LOSS, scale=terms)
+    assert_fp32_close(m["loss"], [l0, l1], N_LOSS, scale=terms)
+    assert_fp32_close(m["loss"], [-0.22960633, -0.6592256], N_LOSS, scale=terms)
+    assert_fp32_close(loss, -0.8888319, N_LOSS + 1, scale=terms)
     np.testing.assert_allclose(m["clip_frac"], [1.0, 0.5])  # |rho - 1| > eps: d0, d1 | d3
-    np.testing.assert_allclose(m["ratio_min"], [0.5, 0.7], rtol=1e-6)
-    np.testing.assert_allclose(m["ratio_max"], [1.5, 1.1], rtol=1e-6)
+    # Each ratio alone: exp of a difference of log-probs (|x| <= 3): its error is the ratio times theirs.
+    assert_fp32_close(m["ratio_min"], [0.5, 0.7], N_LOSS, scale=3 * np.array([0.5, 0.7]))
+    assert_fp32_close(m["ratio_max"], [1.5, 1.1], N_LOSS, scale=3 * np.array([1.5, 1.1]))
     np.testing.assert_array_equal(m["count"], [2.0, 2.0])
 
 

@@ -21,7 +21,9 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def setup():
     """One roller / train step shared by every trainer (compiled once); ``fresh(dir)`` = a new run."""
-    roller = tiny_compiled_roller(GAME, STEPS, rollout.PolicyConfig(mode="choice_only", temperature=1.0))
+    # The policy of tests/test_compiled_rollout.py's oc_choice (max_new_tokens 6): one program for both modules.
+    cfg = rollout.PolicyConfig(mode="choice_only", temperature=1.0, max_new_tokens=6)
+    roller = tiny_compiled_roller(GAME, STEPS, cfg)
     pol = roller.policy
     # Non-zero B so the KL term moves the adapters (fresh adapters are the reference: no gradient at all).
     _, adapters, _ = split_model(pol.model)
