@@ -42,7 +42,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxopt_marl.train_step import DATA_AXIS
+#: The update's mesh axis over decisions (:data:`jaxopt_marl.train_step.DATA_AXIS`; not imported from there, so
+#: that importing this module initialises nothing before :func:`initialize`).
+DATA_AXIS = "data"
 
 #: Environment variables read by :func:`initialize` (ours first, then JAX's names).
 ENV_COORDINATOR = ("JAXOPT_MARL_COORDINATOR", "JAX_COORDINATOR_ADDRESS")
