@@ -17,9 +17,12 @@ fresh trainer, so every process restoring the same orbax checkpoint is covered t
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,16 +57,33 @@ def _start(*args):
 
 
 def _wait(procs, deadline):
-    outs = []
+    """Every worker's output once all exited 0; the first failure (or the deadline) kills the others at once, so
+    a process left waiting at a barrier for a dead peer never outlives the test."""
+    logs = [tempfile.TemporaryFile("w+") for _ in procs]
+    threads = [threading.Thread(target=lambda p=p, f=f: shutil.copyfileobj(p.stdout, f)) for p, f in zip(procs, logs)]
+    for t in threads:
+        t.start()
+    failed = None
+    while failed is None and any(p.poll() is None for p in procs):
+        failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+        if time.monotonic() > deadline:
+            failed = "timeout"
+        time.sleep(0.2)
+    failed = failed or next((p for p in procs if p.returncode != 0), None)
     for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"a worker ran past {TIMEOUT} s and was killed")
-        outs.append(out)
-        assert p.returncode == 0, out[-4000:]
+        if p.poll() is None:
+            p.kill()  # SIGKILL: jax.distributed's preemption notifier catches SIGTERM
+        p.wait()
+    for t in threads:
+        t.join()
+    outs = []
+    for f in logs:
+        f.seek(0)
+        outs.append(f.read())
+    if failed == "timeout":
+        pytest.fail(f"the workers ran past {TIMEOUT} s and were killed:\n" + "\n".join(o[-2000:] for o in outs))
+    if failed is not None:
+        pytest.fail("a worker failed:\n" + "\n---\n".join(o[-4000:] for o in outs))
     return outs
 
 
