@@ -5,8 +5,8 @@ set before JAX starts, hence a fresh interpreter per process).
 trains :data:`ROUNDS` rounds of the tiny model on Overcooked (K = :data:`K`) with D virtual CPU devices in this
 process and writes the final adapters and optimizer state (NumPy leaves, ``a0..``, ``o0..``) to ``OUT.npz``:
 
-- without ``--processes`` (or with 1): the single-process reference, the plain :class:`jaxopt_marl.trainer.Trainer`
-  with its update on a D-device mesh;
+- without ``--processes`` (or with 1): the single-process reference, :class:`jaxopt_marl.trainer.Trainer` with the
+  one-process context :func:`jaxopt_marl.distributed.single` (its update on a D-device mesh; gathers are identities);
 - with P > 1: process I of a ``jax.distributed`` run on 127.0.0.1:PORT (gloo collectives, P x D devices), which
   plays round 0, then resumes from the checkpoint in a fresh trainer and plays round 1 (every process restores the
   same orbax checkpoint).
@@ -45,7 +45,6 @@ def main(argv=None):
 
     import envs_jax
     from jaxopt_marl import compiled_rollout, guards, magrpo, options, rollout, trainer
-    from jaxopt_marl import train_step as ts
     from lora import LoRAConfig, split_model
 
     cfg = rollout.PolicyConfig(mode="choice_only", temperature=1.0)
@@ -76,8 +75,9 @@ def main(argv=None):
     mcfg = magrpo.MAGRPOConfig.smoke(num_rollouts=K, temperature=1.0, kl_beta=0.5)
     tcfg = trainer.TrainConfig(rounds=ROUNDS, seed=0, skip_zero_advantage=False)
     if ctx is None:
-        step = ts.make_train_step(graphdef, mcfg, ts.make_mesh(a.devices), num_adapters=2)
-        tr = trainer.Trainer(a.run_dir, roller, mcfg, tcfg, step=step)
+        # One process over its D devices: the one-process context (the plain Trainer's update is on one device;
+        # given a D-device step it would refuse the compiled rollout's batch, committed to device 0).
+        tr = trainer.Trainer(a.run_dir, roller, mcfg, tcfg, dist=distributed.single(a.devices))
         tr.train()
     else:
         first = trainer.Trainer(a.run_dir, roller, mcfg, tcfg, dist=ctx)
