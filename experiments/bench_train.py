@@ -22,6 +22,11 @@ the real prompts), and the same process also times the round (``prepare`` + ``up
 stripped into ``DecisionBatch.prefix`` -- run once per adapter and differentiated through ``jax.vjp``
 (:mod:`jaxopt_marl.train_step`) -- and prints the speed-up over the whole-row round.
 
+``--processes P`` (issue #17): the same global batch, its update over the global mesh of P local processes
+joined by ``jax.distributed`` on 127.0.0.1 (gloo CPU collectives, one virtual CPU device each; on a GPU host one
+GPU each): the parent starts the P processes, process 0 prints the table, with ``scaling_efficiency`` = (the
+one-process update time, timed by the parent first in a child of its own) / (P x the P-process one).
+
 Example (the CPU figure in BENCHMARKS.md, prompt shape of the Cleanup runs: 110-token system turn, ~245
 more): ``python -m experiments.bench train --shape smollm2_135m --dtype float32 --decisions 32
 --prompt-len 352 --response-len 1 --shared-prefix 110 --micro-batch 8 --repeats 1``.
@@ -29,6 +34,7 @@ more): ``python -m experiments.bench train --shape smollm2_135m --dtype float32 
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -93,7 +99,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--processes", type=int, default=1, help="local jax.distributed processes (same global batch)")
+    p.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    positive("--processes", a.processes)
+    if a.processes > 1 and a.process_id is None:
+        return _launch(a, list(argv or []))
+    ctx = None
+    if a.process_id is not None:
+        from jaxopt_marl import distributed
+
+        ctx = distributed.initialize(f"127.0.0.1:{a.port}", a.processes, a.process_id, timeout=120)
     for flag in ("decisions", "prompt_len", "response_len", "agents", "rank", "repeats"):
         positive(f"--{flag.replace('_', '-')}", getattr(a, flag))
     positive("--micro-batch", a.micro_batch, minimum=0)
@@ -107,12 +124,18 @@ def main(argv: list[str] | None = None) -> None:
     graphdef, adapters, base = split_model(model)
     del model
     init_s = time.perf_counter() - t0
-    mesh = train_step.make_mesh()
+    mesh = train_step.make_mesh() if ctx is None else ctx.mesh
     conf = magrpo.MAGRPOConfig(epochs=1, num_minibatches=1, micro_batch=a.micro_batch, learning_rate=1e-5)
     ts = train_step.make_train_step(graphdef, conf, mesh, num_adapters=a.agents)
-    base = train_step.replicate(base, mesh)
-    adapters = train_step.replicate(adapters, mesh)
-    opt = train_step.init_opt_state(ts, adapters)
+    if ctx is None:
+        base = train_step.replicate(base, mesh)
+        adapters = train_step.replicate(adapters, mesh)
+        opt = train_step.init_opt_state(ts, adapters)
+    else:
+        opt = ctx.replicate(ts.optimizer.init(adapters))
+        base, adapters = ctx.replicate(base), ctx.replicate(adapters)
+    # The whole batch on every device set: one process's rows, or rows split over every process's devices.
+    place = (lambda b: train_step.shard_batch(b, mesh)) if ctx is None else ctx.shard_rows
 
     rng = np.random.default_rng(0)
     d, tp, tr = a.decisions, a.prompt_len, a.response_len
@@ -127,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         prompt_len=tp,
         response_len=tr,
     )
-    batch = train_step.shard_batch(batch, mesh)
+    advantages = np.asarray(batch.advantages)
+    batch = place(batch)
 
     def timed(fn, *args):
         out = jax.block_until_ready(fn(*args))  # compile + warm-up
@@ -142,9 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     batch = ts.prepare(base, adapters, batch)
     jax.block_until_ready(batch.logp_ref)  # one minibatch: prepare scores the reference only
     first_prepare_s = time.perf_counter() - t
-    ids = jnp.asarray(ts.adapter_ids(np.arange(d) % a.agents))
+    ids = place(np.asarray(ts.adapter_ids(np.arange(d) % a.agents)))
     _, fwd_s = timed(ts.score, base, adapters, batch, ids)
-    key = jax.random.PRNGKey(0)
+    key = jax.random.PRNGKey(0) if ctx is None else ctx.replicate(jax.random.PRNGKey(0))
     t = time.perf_counter()
     jax.block_until_ready(ts.update(base, adapters, opt, batch, key))
     first_update_s = time.perf_counter() - t
@@ -175,18 +199,20 @@ def main(argv: list[str] | None = None) -> None:
         "update_executed_tflops": 2 * fwd_flops / upd_s / 1e12,
         "update_6n_tflops": 3 * fwd_flops / upd_s / 1e12,
         "tokens_per_s_update": tokens / upd_s,
+        "processes": a.processes,
+        "devices": len(jax.devices()),
     }
     if a.shared_prefix:
         cut = train_step.pack_decisions(
             prompts,
             responses,
             np.arange(d) % a.agents,
-            np.asarray(batch.advantages),
+            advantages,
             prompt_len=tp - a.shared_prefix,
             response_len=tr,
             prefix=shared,
         )
-        cut = train_step.shard_batch(cut, mesh)
+        cut = place(cut)
 
         def round_of(b):
             b = ts.prepare(base, adapters, b)
@@ -207,6 +233,58 @@ def main(argv: list[str] | None = None) -> None:
             "update_mfu_executed": 2 * fwd_flops / upd_s / peak,
             "update_mfu_6n": 3 * fwd_flops / upd_s / peak,
         }
+    if ctx is not None:
+        ctx.barrier("bench-train-done")
+        if not ctx.is_writer():
+            return
+    for k, v in res.items():
+        print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+def _launch(a, argv: list[str]) -> None:
+    """``--processes P``: times one process first, then P processes on 127.0.0.1 (each a child with one
+    virtual CPU device), and prints process 0's table with the scaling efficiency."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    def start(n: int, i: int | None, port: int, out: str):
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+        rest, skip = [], False  # the caller's flags without --processes / --out (and their values)
+        for x in argv:
+            if skip:
+                skip = False
+            elif x in ("--processes", "--out"):
+                skip = True
+            elif not x.startswith(("--processes=", "--out=")):
+                rest.append(x)
+        cmd = [sys.executable, "-m", "experiments.bench", "train", *rest, "--processes", str(n), "--out", out]
+        if i is not None:
+            cmd += ["--process-id", str(i), "--port", str(port)]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one = start(1, None, 0, f"{tmp}/one.json")
+        out, _ = one.communicate(timeout=3600)
+        if one.returncode:
+            raise SystemExit(f"the one-process run failed:\n{out[-3000:]}")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [start(a.processes, i, port, f"{tmp}/p{i}.json") for i in range(a.processes)]
+        outs = [p.communicate(timeout=3600)[0] for p in procs]
+        if any(p.returncode for p in procs):
+            raise SystemExit("a process failed:\n" + "\n".join(o[-2000:] for o in outs))
+        with open(f"{tmp}/one.json") as f:
+            t1 = json.load(f)["update_s"]
+        with open(f"{tmp}/p0.json") as f:
+            res = json.load(f)
+    res |= {"update_s_1_process": t1, "scaling_efficiency": t1 / (a.processes * res["update_s"])}
     for k, v in res.items():
         print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
     if a.out:

@@ -318,7 +318,8 @@ class CompiledRoller:
         )
         head, tail = full[len(self.prompt.prefix_text) :].split(sentinel)
         self._user_head, self._user_tail = head, tail
-        self._device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        # This process's first device (in a multi-process run jax.devices()[0] belongs to process 0).
+        self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         self._fn = jax.jit(self._collect)
         # The same program with a progress callback after every wave (built on the first collect(progress=True)).
         self._fn_progress = jax.jit(functools.partial(self._collect, progress=True))

@@ -544,7 +544,11 @@ def make_train_step(
     prepare_jit = jax.jit(prepare_fn, in_shardings=(repl, repl, data, data), out_shardings=data)
 
     def prepare(base, adapters, batch):
-        groups = jax.device_put(jnp.asarray(host_adapter_ids(batch.agent_ids)), data)
+        ids = batch.agent_ids
+        if isinstance(ids, jax.Array) and not ids.is_fully_addressable:  # rows on other processes' devices too
+            groups = jnp.zeros_like(ids) if config.shared_adapter else ids
+        else:
+            groups = jax.device_put(jnp.asarray(host_adapter_ids(ids)), data)
         return prepare_jit(base, adapters, batch, groups)
 
     # 2. One optimizer step on a minibatch, accumulated over micro-batches. A shared prefix's K/V is

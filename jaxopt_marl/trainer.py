@@ -34,6 +34,12 @@ for the same reason.
 
 Zero advantage: a round whose advantages are all 0 runs no update in every preset (``TrainConfig``).
 
+Several processes (``Trainer(..., dist=distributed.initialize(...))``, issue #17): process p plays rollouts
+``dist.share(K)`` of the round (same seeds and keys as one process would give them), the returns, traces and
+decision rows are gathered into what one process playing all K would hold, and the update runs over the global
+mesh; every process keeps the same replicated adapters and optimizer state and saves / restores every checkpoint,
+process 0 alone writes ``metrics.jsonl`` and ``decisions/`` (:mod:`jaxopt_marl.distributed`).
+
 Metrics (one JSON line per round):
     ``round``; ``train/return_mean``, ``train/return_std``, ``train/return_min``, ``train/return_max``,
     ``train/returns`` (per rollout), ``train/decisions``, ``train/parse_fail_rate``, ``train/parse`` (counts by
@@ -60,7 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxopt_marl import magrpo
+from jaxopt_marl import distributed, magrpo
 from jaxopt_marl import progress as progress_lib
 from jaxopt_marl import train_step as ts
 from jaxopt_marl.rollout import Roller, RolloutResult
@@ -147,6 +153,13 @@ class Trainer:
         mcfg: update hyper-parameters (``num_rollouts`` = K, ``temperature`` = sampling temperature).
         tcfg: loop settings.
         step: optional prebuilt :class:`jaxopt_marl.train_step.TrainStep` (same model and ``mcfg``).
+        dist: a multi-process run's :class:`jaxopt_marl.distributed.Context` (None: this process alone, on one
+            device unless ``step`` says otherwise). With it, each process plays its share of the K rollouts
+            (``dist.share(K)``; the roller should play that many per call), the returns and decision rows are
+            gathered, the update runs over ``dist.mesh`` (the global mesh), every process saves and restores the
+            orbax checkpoints, and only process 0 writes ``metrics.jsonl`` and ``decisions/``. Same adapters,
+            optimizer state and metrics as one process over a mesh of the same shape
+            (:mod:`jaxopt_marl.distributed`, ``tests/test_distributed.py``).
     """
 
     def __init__(
@@ -156,8 +169,10 @@ class Trainer:
         mcfg: magrpo.MAGRPOConfig,
         tcfg: TrainConfig,
         step: ts.TrainStep | None = None,
+        dist: distributed.Context | None = None,
     ):
         self.run_dir, self.roller, self.mcfg, self.tcfg = Path(run_dir), roller, mcfg, tcfg
+        self.dist = dist
         self.policy = roller.policy
         # One temperature: the rollouts sample at the policy's, the update scores log-probs at mcfg's.
         if self.policy.cfg.temperature != mcfg.temperature:
@@ -169,16 +184,38 @@ class Trainer:
         n_adapters = 1 if self.policy.cfg.shared_adapter else roller.n
         # ``step``: reuse compiled functions of an earlier trainer with the same model and config.
         self.step = step or ts.make_train_step(
-            self.graphdef, mcfg, ts.make_mesh(1), num_adapters=n_adapters, progress=tcfg.update_progress
+            self.graphdef,
+            mcfg,
+            ts.make_mesh(1) if dist is None else dist.mesh,
+            num_adapters=n_adapters,
+            progress=tcfg.update_progress,
         )
-        self.state = TrainState(adapters=adapters, opt_state=ts.init_opt_state(self.step, adapters), round=0)
+        if dist is None:
+            self.state = TrainState(adapters=adapters, opt_state=ts.init_opt_state(self.step, adapters), round=0)
+        else:
+            dist.share(mcfg.num_rollouts)  # K must split over the processes: refused before any compute
+            # Adapters, optimizer state and the frozen base live replicated on the global mesh (the update's
+            # inputs and what orbax saves from every process); the rollout plays local copies.
+            self.base = dist.replicate(self.base)
+            opt_state = dist.replicate(self.step.optimizer.init(adapters))
+            self.state = TrainState(adapters=dist.replicate(adapters), opt_state=opt_state, round=0)
         self.manager = ckpt.make_manager(str(self.run_dir / "checkpoints"), max_to_keep=tcfg.keep_checkpoints)
         # Checkpoint rule: the adapters with the highest training-time team return (module docstring).
         self.best_manager = ckpt.make_manager(str(self.run_dir / "best"), max_to_keep=1)
         #: ``(round, mean team return)`` of the best round so far, None before round 0 has been played.
         self.best: tuple[int, float] | None = None
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        (self.run_dir / "decisions").mkdir(parents=True, exist_ok=True)
+        if self.writer:
+            (self.run_dir / "decisions").mkdir(parents=True, exist_ok=True)
+
+    @property
+    def writer(self) -> bool:
+        """This process writes the run files (always, unless it is not process 0 of a distributed run)."""
+        return self.dist is None or self.dist.is_writer()
+
+    def _play(self, adapters) -> None:
+        """The rollout plays ``adapters`` from now on (a distributed run's: this process's local copy)."""
+        self.policy.set_adapters(adapters if self.dist is None else self.dist.local(adapters))
 
     # -- checkpoints --------------------------------------------------------------------------------------
 
@@ -233,22 +270,28 @@ class Trainer:
             )
         if bad:
             aside = self.run_dir / "checkpoints.corrupt"
-            aside.mkdir(exist_ok=True)
-            for step, _ in bad:
-                dst = aside / str(step)
-                if dst.exists():
-                    shutil.rmtree(dst)
-                shutil.move(str(ckpt.step_dir(self.manager, step)), str(dst))
+            if self.writer:
+                aside.mkdir(exist_ok=True)
+                for step, _ in bad:
+                    dst = aside / str(step)
+                    if dst.exists():
+                        shutil.rmtree(dst)
+                    shutil.move(str(ckpt.step_dir(self.manager, step)), str(dst))
+            if self.dist is not None:
+                self.dist.barrier("trainer-restore-aside")
             self.manager.reload()
             warn(
                 f"resuming from checkpoint {restored} (after round {restored - 1}): rounds {restored}.."
                 f"{bad[0][0] - 1} are played again; the corrupt checkpoint(s) were moved to {aside}"
             )
         self.state = TrainState(adapters=adapters, opt_state=opt_state, round=int(meta.get("round", restored)))
-        self.policy.set_adapters(adapters)
+        self._play(adapters)
         # Metrics of rounds after the checkpoint belong to the interrupted attempt.
         rows = [m for m in read_metrics(self.metrics_path) if m["round"] < self.state.round]
-        _write_jsonl(self.metrics_path, rows)
+        if self.dist is not None:
+            self.dist.barrier("trainer-restore-read")  # every process read the metrics before they change
+        if self.writer:
+            _write_jsonl(self.metrics_path, rows)
         self.best = self._restore_best(meta)
         return self.state.round
 
@@ -452,10 +495,15 @@ class Trainer:
         t0 = time.perf_counter()
         k_roll, k_upd = jax.random.split(round_key(self.tcfg.seed, r))
         k = self.mcfg.num_rollouts
+        seeds = train_seeds(self.tcfg.seed, r, k)
+        share = range(k) if self.dist is None else self.dist.share(k)
         res = self.roller.collect(
-            train_seeds(self.tcfg.seed, r, k), k_roll, round_idx=r, progress=progress, desc=f"round {r} rollouts"
+            seeds[share.start : share.stop], k_roll, round_idx=r, progress=progress, desc=f"round {r} rollouts"
         )
-        _write_jsonl(self.run_dir / "decisions" / f"round_{r:04d}.jsonl", res.traces)
+        if self.dist is not None:
+            res = self._gather(res, share.start)
+        if self.writer:
+            _write_jsonl(self.run_dir / "decisions" / f"round_{r:04d}.jsonl", res.traces)
         # Checkpoint rule: these rollouts scored the adapters held now, before this round's update.
         ret = float(res.returns.mean())
         if self.best is None or ret > self.best[1]:
@@ -479,6 +527,8 @@ class Trainer:
                     desc=f"round {r} update ({batch.num_decisions} rows: reference "
                     f"scoring, then {self.mcfg.epochs} epoch(s))",
                 )
+            if self.dist is not None:  # the single-process batch, split by row over the global mesh
+                batch, k_upd = self.dist.shard_rows(batch), self.dist.replicate(k_upd)
             with progress_lib.route(bar):
                 batch = self.step.prepare(self.base, self.state.adapters, batch)
                 adapters, opt_state, m = jax.block_until_ready(
@@ -488,12 +538,12 @@ class Trainer:
                     jax.effects_barrier()  # every tick delivered before the bar closes
             if bar is not None:
                 bar.close()
-            m = {key: np.asarray(v) for key, v in m.items()}
+            m = {key: distributed.to_host(v) for key, v in m.items()}
             has = m["count"] > 0  # [S, N]
             for key in ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "grad_norm"):
                 upd[f"train/{key}"] = float(m[key][has].mean()) if has.any() else 0.0
             self.state.adapters, self.state.opt_state = adapters, opt_state
-            self.policy.set_adapters(adapters)
+            self._play(adapters)
         t_upd = time.perf_counter() - t1
         self.state.round = r + 1
         self.save()
@@ -523,9 +573,40 @@ class Trainer:
             "perf/update_s": t_upd,
             "perf/round_s": time.perf_counter() - t0,
         }
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        if self.writer:
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(line) + "\n")
         return line
+
+    def _gather(self, res: RolloutResult, offset: int) -> RolloutResult:
+        """A distributed round's rollouts as one process playing all K would have returned them: returns,
+        traces (global rollout indices, single-call order), parse counts, waves (the slowest share's) and, for
+        :meth:`pack`, the merged decision buffers (:func:`jaxopt_marl.distributed.merge_decisions`)."""
+        dist = self.dist
+        if res.device is None or len(res.device) != 1:
+            raise ValueError(
+                "distributed training needs the compiled rollout playing each process's share of the K rollouts "
+                f"in one call (roller batch = K / processes = {self.mcfg.num_rollouts // dist.num_processes})"
+            )
+        traces = distributed.gather_traces(dist, res.traces, offset)
+        parse = type(res.parse)()
+        for t in traces:
+            parse.counts[t["parse"]] += 1
+        scalars = dist.allgather(np.asarray([res.parse_mismatch, res.waves, res.seconds], np.float64))
+        merged = distributed.merge_decisions(dist, res.device[0].decisions, offset)
+        return dataclasses.replace(
+            res,
+            returns=dist.gather_returns(res.returns),
+            traces=traces,
+            parse=parse,
+            traj={},
+            stats={key: dist.allgather(v).reshape((-1,) + np.shape(v)[1:]) for key, v in res.stats.items()},
+            device=[res.device[0]._replace(decisions=merged)],
+            batches=[self.mcfg.num_rollouts],
+            parse_mismatch=int(scalars[:, 0].sum()),
+            waves=int(scalars[:, 1].max()),
+            seconds=float(scalars[:, 2].max()),
+        )
 
     def train(
         self, rounds: int | None = None, progress: bool = False, on_round: Callable[[dict], None] | None = None

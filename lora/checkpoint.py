@@ -53,7 +53,14 @@ def save(manager: ocp.CheckpointManager, step: int, adapters: nnx.State, opt_sta
         items["opt_state"] = ocp.args.StandardSave(opt_state)
     manager.save(step, args=ocp.args.Composite(**items))
     manager.wait_until_finished()
-    write_checksums(step_dir(manager, step))
+    # Multi-process (jax.distributed): every process saves its shards, process 0 writes the manifest, and no
+    # process goes on (e.g. to verify the step) before it exists.
+    if jax.process_index() == 0:
+        write_checksums(step_dir(manager, step))
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"checkpoint-checksums-{step}")
 
 
 #: Name of the per-step manifest written by :func:`save` (sizes and SHA-256 of the step's files).
