@@ -6,13 +6,17 @@ Every run is a subprocess (``tests/distributed_worker.py``): ``XLA_FLAGS`` must 
 processes meet at ``jax.distributed.initialize`` (bounded by ``--timeout``) and at a final barrier; the test kills
 what is left after :data:`TIMEOUT` seconds.
 
-Agreement: bit for bit (``chex.assert_trees_all_equal``), not merely within 1e-6. The round's batch is the
-single-process batch row for row (:mod:`jaxopt_marl.distributed`: the decision rows are gathered and put back
-in the single call's order), the update is the same program over a mesh of the same shape, and its only
-cross-device reductions (the loss sums and gradients of the data axis, a handful of partial sums per device)
-come out the same whether XLA's in-process CPU all-reduce or gloo adds the 4 partial sums (measured: 0 ulp on
-every leaf, 2026-12-01). The distributed side also stops after round 0 and resumes from the checkpoint in a
-fresh trainer, so every process restoring the same orbax checkpoint is covered too.
+Agreement: NOT bit for bit; measured (2026-12-01, JAX 0.10.2 CPU): both processes hold identical states, which
+differ from the 1-process run by at most 1.2e-7 absolute on the adapters (1 ulp of values ~0.1), elementwise up to
+9e-4 relative on near-zero elements. The round's batch is the single-process batch row for row
+(:mod:`jaxopt_marl.distributed`: the decision rows are gathered and put back in the single call's order) and the
+update is the same program over a mesh of the same shape; what differs is the cross-device reduction of the loss
+and gradient partial sums: gloo's cross-process all-reduce adds the 4 devices' partials in another order than
+XLA's in-process CPU all-reduce, and Adam's normalisation passes the last-bit differences on. Hence the check:
+each leaf within rtol 1e-6 plus 1e-6 x the leaf's largest magnitude (atol), metrics floats within 1e-5 relative,
+everything else (returns, decisions, traces, checkpoint steps) exact. The distributed side also stops after
+round 0 and resumes from the checkpoint in a fresh trainer, so every process restoring the same orbax checkpoint
+is covered too.
 """
 
 import json
@@ -114,15 +118,25 @@ def test_two_processes_equal_one_process_of_the_same_mesh(tmp_path):
         got = _tree(tmp_path / f"dist{i}.npz")
         rel = max(float(np.max(np.abs(got[k] - v) / (np.abs(v) + 1e-30), initial=0.0)) for k, v in want.items())
         print(f"process {i}: largest relative difference to the 1-process run {rel:.3g}")
-    for i in range(2):  # both processes hold the same (replicated) state, equal to the reference bit for bit
-        chex.assert_trees_all_equal(_tree(tmp_path / f"dist{i}.npz"), want)
+    chex.assert_trees_all_equal(_tree(tmp_path / "dist0.npz"), _tree(tmp_path / "dist1.npz"))  # same replicas
+    got = _tree(tmp_path / "dist0.npz")
+    assert got.keys() == want.keys()
+    for k, v in want.items():  # collectives reorder the float sums (module docstring)
+        np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-6 * float(np.max(np.abs(v), initial=0.0)), err_msg=k)
     m_ref, m_dist = _metrics(ref), _metrics(dist)
-    assert [m["round"] for m in m_dist] == [0, 1] and m_ref == m_dist
+    assert [m["round"] for m in m_dist] == [0, 1] and [sorted(m) for m in m_ref] == [sorted(m) for m in m_dist]
+    for a, b in zip(m_ref, m_dist):
+        for k, v in a.items():
+            if isinstance(v, float):
+                assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+            else:
+                assert b[k] == v, k
     assert m_dist[1]["train/kl"] > 0 and m_dist[0]["train/updated"]  # the update really ran
     # Process 0 wrote the decisions, in the single-process order, and the checkpoints hold the same steps.
-    for r in range(2):
-        name = f"decisions/round_{r:04d}.jsonl"
-        assert (dist / name).read_text() == (ref / name).read_text()
+    # Round 0 is played by the same adapters (exact); round 1 by adapters 1 ulp apart (log-probs may differ last).
+    assert (dist / "decisions/round_0000.jsonl").read_text() == (ref / "decisions/round_0000.jsonl").read_text()
+    lines = [[json.loads(x) for x in (d / "decisions/round_0001.jsonl").read_text().splitlines()] for d in (dist, ref)]
+    assert [{**t, "logp": None} for t in lines[0]] == [{**t, "logp": None} for t in lines[1]]
     steps = lambda d: sorted(x.name for x in (d / "checkpoints").iterdir() if x.name.isdigit())
     assert steps(dist) == steps(ref) == ["1", "2"]
     assert (dist / "checkpoints" / "2" / "checksums.json").is_file()
