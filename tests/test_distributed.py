@@ -12,8 +12,9 @@ differ from the 1-process run by at most 1.2e-7 absolute on the adapters (1 ulp 
 (:mod:`jaxopt_marl.distributed`: the decision rows are gathered and put back in the single call's order) and the
 update is the same program over a mesh of the same shape; what differs is the cross-device reduction of the loss
 and gradient partial sums: gloo's cross-process all-reduce adds the 4 devices' partials in another order than
-XLA's in-process CPU all-reduce, and Adam's normalisation passes the last-bit differences on. Hence the check:
-each leaf within rtol 1e-6 plus 1e-6 x the leaf's largest magnitude (atol), metrics floats within 1e-5 relative,
+XLA's in-process CPU all-reduce, and Adam's normalisation passes the last-bit differences on. The gradients
+themselves (Adam's first moment) differ by up to 1e-5 relative (measured 9.9e-6 on ``o2``). Hence the check: each
+adapter leaf within rtol 1e-6 plus 1e-6 x the leaf's largest magnitude (atol), optimizer leaves within 1e-4 so, metrics floats within 1e-5 relative,
 everything else (returns, decisions, traces, checkpoint steps) exact. The distributed side also stops after
 round 0 and resumes from the checkpoint in a fresh trainer, so every process restoring the same orbax checkpoint
 is covered too.
@@ -122,7 +123,8 @@ def test_two_processes_equal_one_process_of_the_same_mesh(tmp_path):
     got = _tree(tmp_path / "dist0.npz")
     assert got.keys() == want.keys()
     for k, v in want.items():  # collectives reorder the float sums (module docstring)
-        np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-6 * float(np.max(np.abs(v), initial=0.0)), err_msg=k)
+        tol = 1e-6 if k.startswith("a") else 1e-4  # adapters; Adam moments (gradients: sums with cancellation)
+        np.testing.assert_allclose(got[k], v, rtol=tol, atol=tol * float(np.max(np.abs(v), initial=0.0)), err_msg=k)
     m_ref, m_dist = _metrics(ref), _metrics(dist)
     assert [m["round"] for m in m_dist] == [0, 1] and [sorted(m) for m in m_ref] == [sorted(m) for m in m_dist]
     for a, b in zip(m_ref, m_dist):
