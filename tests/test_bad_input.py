@@ -19,7 +19,7 @@ import pytest
 
 from experiments import bench, bench_envs, burnin, common
 from experiments.cli import INPUT_ERROR_STATUS, InputError, run_cli
-from jaxopt_marl import config
+from jaxopt_marl import config, preflight
 from lora import gguf_loader
 from lora.gguf_loader import check_gguf
 
@@ -260,12 +260,12 @@ def test_debug_adds_the_traceback(tmp_path, capfd):
     assert err[-1] == "error: rounds must be >= 1, got 0" and len(err) > 3
 
 
-def _resume_dir(tmp_path, guards_text: str) -> Path:
+def _resume_dir(tmp_path, guards_text: str, burnin: dict | None = None) -> Path:
     cfg = config.RunConfig.smoke("overcooked_aa")
     run = tmp_path / "run"
     (run / "burnin").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({**cfg.flat_dict(), "reduced_budget": True}))
-    (run / "burnin" / "burnin.json").write_text("{}")
+    (run / "burnin" / "burnin.json").write_text(json.dumps(burnin or {}))
     (run / "guards.jsonl").write_text(guards_text)
     return run
 
@@ -300,6 +300,24 @@ def test_guards_that_do_not_fit_the_library_on_resume(tmp_path, capfd):
     code, err = _resume(run, capfd)
     _one_line_error(code, err, f"error: --resume: {run / 'guards.jsonl'}:1: unknown option 'fly_to_the_moon'")
     assert not (run / "checkpoints").exists() and not (run / "metrics.jsonl").exists()
+
+
+def test_guards_of_an_option_burnin_json_does_not_list_fail_before_the_games_load(tmp_path, capfd, monkeypatch):
+    # burnin.json lists the options of the library that mined the guards: an unknown one fails in the preflight,
+    # before the option library (and the games, 5-8 s of imports) is loaded.
+    run = _resume_dir(
+        tmp_path,
+        '{"opt": "fetch_onion", "channel": "explicit", "when": {"reason": "r"}, "support": 1}\n'
+        '{"opt": "fly_to_the_moon", "channel": "explicit", "when": {"reason": "r"}, "support": 1}\n',
+        burnin={"game": "overcooked_aa", "guards_per_option": {"fetch_onion": 1, "wait": 0}},
+    )
+
+    def no_library(game):
+        raise AssertionError("the option library was loaded")
+
+    monkeypatch.setattr(preflight, "check_library", no_library)
+    code, err = _resume(run, capfd)
+    _one_line_error(code, err, f"error: --resume: {run / 'guards.jsonl'}:2: unknown option 'fly_to_the_moon'")
 
 
 def test_smoke_preset_uses_the_tiny_model_unless_given():
