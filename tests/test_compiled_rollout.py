@@ -62,7 +62,7 @@ def _logps_close(r, a, b, k=2 * 8.0):
     at least 1, the size of the tiny model's logits)."""
     want = np.array([t["logp"] for t in b])
     scale = max(1.0, np.abs(want).max())
-    assert_fp32_close([t["logp"] for t in a], want, _n_logp(r, b), scale=scale, k=k, err_msg="logp")
+    assert_fp32_close([t["logp"] for t in a], want, _n_logp(r, a), scale=scale, k=k, err_msg="logp")
 
 
 def _same(a, b):
