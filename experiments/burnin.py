@@ -20,7 +20,7 @@ from pathlib import Path
 from experiments.cli import ArgParser, InputError, positive, run_cli
 
 # jaxopt_marl.config.GAMES and jaxopt_marl.guards.MIN_SUPPORT (paper §5.1: 5), spelled here so that the bad-input
-# checks run before JAX is imported (tests/test_bad_input.py checks both against the library's).
+# checks run before JAX is imported (tests/test_burnin.py::test_cli_constants_equal_the_library_ones checks both).
 GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
 MIN_SUPPORT = 5
 PROG = "python -m experiments.burnin"

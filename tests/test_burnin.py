@@ -77,3 +77,12 @@ def test_cli_rejects_unknown_and_unavailable_games(tmp_path):
     if not options.available("cleanup"):
         with pytest.raises(SystemExit, match="not available yet"):
             cli.main(cli.Args(game="cleanup", episodes=1, out=tmp_path))
+
+
+def test_cli_constants_equal_the_library_ones():
+    # experiments.burnin spells the games and MIN_SUPPORT itself, so that its bad-input checks run before JAX is
+    # imported; they must stay equal to the library's (paper §5.1: at least five failures).
+    from jaxopt_marl import config, guards
+
+    assert cli.GAMES == config.GAMES
+    assert cli.MIN_SUPPORT == guards.MIN_SUPPORT == 5
