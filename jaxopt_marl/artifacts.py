@@ -10,7 +10,9 @@ sides cannot disagree on a key name:
 - :class:`DecisionTrace` — one line of ``decisions/*.jsonl`` (one LLM decision);
 - :class:`EvalBlock` / :class:`EvalRecord` — ``eval.json``: one evaluated policy's episodes / the whole
   evaluation (paper §6.1: held-out seeds 10000.., checkpoint rule, statistics);
-- :class:`SoloRecord` — ``solo.json``: the solo test (paper §6.4).
+- :class:`SoloRecord` — ``solo.json``: the solo test (paper §6.4);
+- :class:`BurninSummary` — ``burnin/burnin.json``: what a burn-in and its guard synthesis did
+  (:func:`jaxopt_marl.burnin.write_outputs`).
 
 Every ``load`` raises :class:`ArtifactError` (a ``ValueError``) naming the file and the missing or malformed
 field; a missing file raises ``FileNotFoundError``. Loading checks shapes and dtypes against each other, not
@@ -33,6 +35,8 @@ import numpy as np
 EVAL_TRAJ = "eval_traj.npz"
 EVAL_JSON = "eval.json"
 SOLO_JSON = "solo.json"
+#: The burn-in summary's file name (in the burn-in directory).
+BURNIN_JSON = "burnin.json"
 DECISIONS = "decisions"
 
 #: Terrain codes of :attr:`EvalTrajectories.terrain` (index = code). ``apple cells`` are Cleanup's orchard and
@@ -671,8 +675,69 @@ class SoloRecord:
             raise ArtifactError(f"{path}: {e}") from None
 
 
+# ---------------------------------------------------------------------------------------------------------
+# burnin.json
+# ---------------------------------------------------------------------------------------------------------
+
+#: The guard synthesis' default failure threshold, for a ``burnin.json`` written before ``min_support`` was
+#: recorded: :data:`jaxopt_marl.guards.MIN_SUPPORT` (paper §5.1: 5; kept here as a number so the report's
+#: imports stay free of JAX; tests/test_burnin.py checks the two are equal).
+BURNIN_MIN_SUPPORT = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class BurninSummary:
+    """``burnin.json``: what a burn-in and its guard synthesis did (one layout for every writer).
+
+    Attributes:
+        game: the game.
+        episodes, solo_episodes, joint_episodes: episodes run (solo + joint), of which solo, joint.
+        decisions: completed option executions (= records).
+        seconds: wall time of the episode loop (compile included); decisions_per_s: decisions per such second.
+        seconds_guards: wall time of the guard synthesis.
+        guards: guards synthesized; guards_per_option: their count per option name (every option, in menu order).
+        seed: the burn-in's PRNG seed; steps: steps per episode; min_support: the synthesis' failure threshold.
+    """
+
+    game: str
+    episodes: int
+    solo_episodes: int
+    joint_episodes: int
+    decisions: int
+    seconds: float
+    seconds_guards: float
+    decisions_per_s: float
+    guards: int
+    guards_per_option: dict
+    seed: int
+    steps: int | None = None
+    min_support: int = BURNIN_MIN_SUPPORT
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> BurninSummary:
+        """Raises FileNotFoundError, or :class:`ArtifactError` naming the file and what is missing or wrong
+        (unknown keys are ignored)."""
+        d = _load_json_object(path)
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in d.items() if k in names})
+        except TypeError as e:
+            raise ArtifactError(f"{path}: {e}") from None
+
+
 __all__ = [
+    "BURNIN_JSON",
+    "BURNIN_MIN_SUPPORT",
     "ArtifactError",
+    "BurninSummary",
     "DecisionTrace",
     "EvalBlock",
     "EvalRecord",

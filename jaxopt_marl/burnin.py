@@ -19,13 +19,12 @@ keeps the valid rows and builds the Parquet table with :func:`jaxopt_marl.record
 
 Outputs (:func:`write_outputs`, one layout for ``python -m experiments.burnin`` and a run's ``burnin/``):
 ``records.parquet`` (the records), ``guards.jsonl`` (the synthesized guards; a run keeps it at the run's top
-level) and ``burnin.json`` (:class:`BurninSummary`).
+level) and ``burnin.json`` (:class:`jaxopt_marl.artifacts.BurninSummary`, re-exported here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from jaxopt_marl import macro
+from jaxopt_marl.artifacts import BURNIN_JSON, BurninSummary
 from jaxopt_marl.guards import MIN_SUPPORT, GuardList, synthesize_guards, write_guards
 from jaxopt_marl.options.base import OptionLibrary
 from jaxopt_marl.records import RecordCodes, records_from_arrays, write_records
@@ -184,65 +184,6 @@ def to_table(lib: OptionLibrary, codes: RecordCodes) -> pa.Table:
 def synthesize(lib: OptionLibrary, codes: RecordCodes, **kwargs) -> GuardList:
     """Stage 3 over burn-in records with the library's read sets and solo-only flags."""
     return synthesize_guards(codes, lib.vocab, lib.read_sets, solo_only=lib.solo_only, **kwargs)
-
-
-#: The burn-in summary's file name (in the burn-in directory).
-BURNIN_JSON = "burnin.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class BurninSummary:
-    """``burnin.json``: what a burn-in and its guard synthesis did (one layout for every writer).
-
-    Attributes:
-        game: the game.
-        episodes, solo_episodes, joint_episodes: episodes run (solo + joint), of which solo, joint.
-        decisions: completed option executions (= records).
-        seconds: wall time of the episode loop (compile included); decisions_per_s: decisions per such second.
-        seconds_guards: wall time of the guard synthesis.
-        guards: guards synthesized; guards_per_option: their count per option name (every option, in menu order).
-        seed: the burn-in's PRNG seed; steps: steps per episode; min_support: the synthesis' failure threshold.
-    """
-
-    game: str
-    episodes: int
-    solo_episodes: int
-    joint_episodes: int
-    decisions: int
-    seconds: float
-    seconds_guards: float
-    decisions_per_s: float
-    guards: int
-    guards_per_option: dict
-    seed: int
-    steps: int | None = None
-    min_support: int = MIN_SUPPORT
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> BurninSummary:
-        """Raises FileNotFoundError, or ValueError naming the file and what is missing or wrong."""
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"{path} does not exist")
-        try:
-            d = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path} is not valid JSON ({type(e).__name__}: {e})") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path} is not a JSON object")
-        names = {f.name for f in dataclasses.fields(cls)}
-        try:
-            return cls(**{k: v for k, v in d.items() if k in names})
-        except TypeError as e:
-            raise ValueError(f"{path}: {e}") from None
 
 
 def summarize(

@@ -69,6 +69,26 @@ def test_cli_writes_outputs(tmp_path):
     assert (s.episodes, s.joint_episodes, s.steps, s.min_support) == (4, 2, 60, 5) and s.to_dict() == meta
 
 
+def test_burnin_summary_is_an_artifacts_record(tmp_path):
+    # burnin.json loads through the artifacts' JSON helper: the same errors as eval.json / solo.json.
+    from jaxopt_marl import artifacts, guards
+
+    assert burnin.BurninSummary is artifacts.BurninSummary and burnin.BURNIN_JSON == artifacts.BURNIN_JSON
+    assert artifacts.BURNIN_MIN_SUPPORT == guards.MIN_SUPPORT  # the default of a file without min_support
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        burnin.BurninSummary.load(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(artifacts.ArtifactError, match="bad.json is not valid JSON"):
+        burnin.BurninSummary.load(bad)
+    bad.write_text("[1]")
+    with pytest.raises(artifacts.ArtifactError, match="bad.json is not a JSON object"):
+        burnin.BurninSummary.load(bad)
+    bad.write_text(json.dumps({"game": "harvest"}))
+    with pytest.raises(artifacts.ArtifactError, match="bad.json: .*missing"):
+        burnin.BurninSummary.load(bad)
+
+
 def test_cli_rejects_unknown_and_unavailable_games(tmp_path):
     with pytest.raises(SystemExit, match="unknown game"):
         cli.Args(game="chess", episodes=1, out=tmp_path)
