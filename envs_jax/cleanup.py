@@ -254,6 +254,10 @@ class Cleanup(MeltingPotEnv):
             | (self.apple_capable.astype(np.uint8) << BIT_GRASS)
         )
 
+    def map_layers(self) -> dict[str, np.ndarray]:
+        """:meth:`MeltingPotEnv.map_layers` plus ``water`` (the river, ``bool[H, W]``)."""
+        return {**super().map_layers(), "water": self.water}
+
     # -- reset / step ----------------------------------------------------------------------------
     def reset_state(self, key: jax.Array) -> CleanupState:
         """Agents on distinct uniformly random spawn points, uniformly random facing; 79 dirt, 0 apples."""

@@ -211,6 +211,10 @@ class CommonsHarvest(MeltingPotEnv):
         self.num_patches = int(self.patch_id.max()) + 1
         self.static_bits = (self.wall.astype(np.uint8) << BIT_WALL) | (self.apple_capable.astype(np.uint8) << BIT_GRASS)
 
+    def map_layers(self) -> dict[str, np.ndarray]:
+        """:meth:`MeltingPotEnv.map_layers` plus ``patch_id`` (:func:`label_patches`, ``int32[H, W]``)."""
+        return {**super().map_layers(), "patch_id": self.patch_id}
+
     # -- reset / step ----------------------------------------------------------------------------
     def reset_state(self, key: jax.Array) -> HarvestState:
         """All 64 apples; agents 0, 1 on the Q cells (random assignment), the rest on distinct random P

@@ -94,6 +94,8 @@ PALETTE_BASE = np.array(
     np.uint8,
 )
 CODE_FLOOR, CODE_WALL, CODE_RIVER, CODE_DIRT, CODE_GRASS, CODE_APPLE = range(6)
+#: What each :data:`PALETTE_BASE` colour means (the legend of ``episode.gif``), index = code.
+PALETTE_BASE_NAMES = ("floor", "wall", "river", "dirt", "grass (no apple)", "apple")
 # Melting Pot's default player colours (colour palette of avatar_library), first 7.
 PALETTE_AGENTS = np.array(
     [[45, 110, 220], [125, 50, 200], [205, 5, 165], [245, 65, 65], [245, 130, 0], [195, 180, 0], [125, 185, 65]],
@@ -950,6 +952,23 @@ class MeltingPotEnv(MultiAgentEnv):
     @property
     def agent_classes(self) -> dict:
         return {"avatar": list(self.agents)}
+
+    def map_layers(self) -> dict[str, np.ndarray]:
+        """The map's static layers by name (what the run files keep so no reader builds an env):
+        ``wall`` and ``apple_capable`` (``bool[H, W]``); Clean Up adds ``water`` (its river), Harvest
+        ``patch_id`` (``int32[H, W]``, patch 0..P-1, -1 elsewhere)."""
+        return {"wall": self.wall, "apple_capable": self.apple_capable}
+
+    def legend(self) -> list[tuple[str, tuple[int, int, int]]]:
+        """``[(label, rgb)]`` of every colour :meth:`render` paints, in palette order: the
+        :data:`PALETTE_BASE_NAMES` (without river and dirt on a map with no water, e.g. Harvest), then agent i's
+        colour as ``a<i>``."""
+        n = int(self.num_agents)
+        agents = np.resize(PALETTE_AGENTS, (n, 3))
+        out = [(nm, tuple(int(c) for c in PALETTE_BASE[k])) for k, nm in enumerate(PALETTE_BASE_NAMES)]
+        if not bool(np.asarray(self.map_layers().get("water", np.zeros(1, bool))).any()):
+            out = [o for o in out if o[0] not in ("river", "dirt")]
+        return out + [(f"a{i}", tuple(int(c) for c in agents[i])) for i in range(n)]
 
     def render(self, state: MeltingPotState) -> jax.Array:
         """uint8[H*8, W*8, 3] picture of the whole map (agents in Melting Pot's player colours)."""

@@ -159,6 +159,26 @@ PALETTE = jnp.array(
     ],
     dtype=jnp.uint8,
 )
+#: What each :data:`PALETTE` colour means (the legend of ``episode.gif``), index = palette code.
+PALETTE_NAMES = (
+    "floor",
+    "counter",
+    "onion pile",
+    "dish pile",
+    "serving",
+    "pot: empty",
+    "pot: 1 onion",
+    "pot: 2 onions",
+    "pot: 3 onions",
+    "pot: cooking",
+    "pot: ready",
+    "onion",
+    "dish",
+    "soup",
+    "a0",
+    "a1",
+    "facing mark",
+)
 SUBCELLS = 3  # each map cell is drawn as 3x3 sub-cells: centre = item, edge middle = facing mark
 FACING_SUBCELL = ((0, 1), (2, 1), (1, 2), (1, 0))  # sub-cell of the facing mark per facing code
 DEFAULT_CELL_PX = 8  # pixels per sub-cell side -> 24 px per map cell
@@ -530,6 +550,29 @@ class Overcooked(MultiAgentEnv):
         }
 
     # -- Rendering ----------------------------------------------------------------------------------
+
+    def map_layers(self) -> dict[str, np.ndarray]:
+        """The kitchen's static layers by name, each ``bool[H, W]`` (what the run files keep so no reader builds
+        an env): ``wall`` (every non-walkable cell: counters and stations), ``pot``, ``onion_pile``,
+        ``dish_pile`` and ``serving`` (from :attr:`layout_info`)."""
+        info = self.layout_info
+        layers = {"wall": ~np.asarray(info.walkable, bool)}
+        for name, cells in (
+            ("pot", info.pots),
+            ("onion_pile", info.onion_dispensers),
+            ("dish_pile", info.plate_dispensers),
+            ("serving", info.serving),
+        ):
+            cells = np.asarray(cells, np.int64).reshape(-1, 2)
+            mask = np.zeros((info.height, info.width), bool)
+            mask[cells[:, 0], cells[:, 1]] = True
+            layers[name] = mask
+        return layers
+
+    def legend(self) -> list[tuple[str, tuple[int, int, int]]]:
+        """``[(label, rgb)]`` of every colour :meth:`render` paints, in palette order (:data:`PALETTE_NAMES`)."""
+        pal = np.asarray(PALETTE)
+        return [(n, tuple(int(c) for c in pal[k])) for k, n in enumerate(PALETTE_NAMES)]
 
     def render(self, state: OvercookedState, cell_px: int = DEFAULT_CELL_PX) -> jax.Array:
         """Draws the map: each cell as 3×3 sub-cells of ``cell_px`` pixels.

@@ -59,40 +59,39 @@ class ArtifactError(ValueError):
 # ---------------------------------------------------------------------------------------------------------
 
 
+#: The terrain code of each named static layer an env's ``map_layers()`` may return, in paint order (a later
+#: layer wins a shared cell).
+TERRAIN_OF_LAYER = (
+    ("water", RIVER),
+    ("apple_capable", APPLE_CELLS),
+    ("pot", POT),
+    ("onion_pile", ONIONS),
+    ("dish_pile", DISHES),
+    ("serving", SERVING),
+)
+
+
 def map_layers(env: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(walls bool[H, W], terrain int8[H, W], patch_id int32[H, W] | None)`` of an ``envs_jax`` game.
 
-    Read from the env's static map attributes: Melting Pot games' ``wall``, ``water`` (Cleanup's river),
-    ``apple_capable`` (orchard / patches) and ``patch_id`` (Harvest, ``envs_jax.harvest.label_patches``: patch
-    0..P-1, -1 elsewhere); Overcooked's ``layout_info`` (non-walkable cells are walls; pots, onion and dish piles,
-    serving cells). Terrain codes: :data:`TERRAIN_NAMES`.
+    Read from the env's named static layers (``env.map_layers()``: ``wall``, then any of
+    :data:`TERRAIN_OF_LAYER`'s masks, and Harvest's ``patch_id``: patch 0..P-1, -1 elsewhere; see
+    :meth:`envs_jax.meltingpot.MeltingPotEnv.map_layers`, :meth:`envs_jax.overcooked.Overcooked.map_layers`).
+    Terrain codes: :data:`TERRAIN_NAMES` (walls first, then each layer's code over them).
 
     Raises:
-        ValueError: the env has neither Melting Pot map attributes nor ``layout_info``.
+        ValueError: the env has no ``map_layers``.
     """
-    if hasattr(env, "wall"):
-        walls = np.asarray(env.wall, bool)
-        terrain = np.where(walls, WALL, FLOOR).astype(np.int8)
-        if hasattr(env, "water"):
-            terrain[np.asarray(env.water, bool)] = RIVER
-        if hasattr(env, "apple_capable"):
-            terrain[np.asarray(env.apple_capable, bool)] = APPLE_CELLS
-        pid = np.asarray(env.patch_id, np.int32) if hasattr(env, "patch_id") else None
-        return walls, terrain, pid
-    if hasattr(env, "layout_info"):
-        info = env.layout_info
-        walls = ~np.asarray(info.walkable, bool)
-        terrain = np.where(walls, WALL, FLOOR).astype(np.int8)
-        for cells, code in (
-            (info.pots, POT),
-            (info.onion_dispensers, ONIONS),
-            (info.plate_dispensers, DISHES),
-            (info.serving, SERVING),
-        ):
-            cells = np.asarray(cells, np.int64).reshape(-1, 2)
-            terrain[cells[:, 0], cells[:, 1]] = code
-        return walls, terrain, None
-    raise ValueError(f"map_layers: {type(env).__name__} has no map attributes (wall or layout_info)")
+    if not callable(getattr(env, "map_layers", None)):
+        raise ValueError(f"map_layers: {type(env).__name__} has no map layers (envs_jax games define map_layers())")
+    layers = env.map_layers()
+    walls = np.asarray(layers["wall"], bool)
+    terrain = np.where(walls, WALL, FLOOR).astype(np.int8)
+    for name, code in TERRAIN_OF_LAYER:
+        if name in layers:
+            terrain[np.asarray(layers[name], bool)] = code
+    pid = layers.get("patch_id")
+    return walls, terrain, None if pid is None else np.asarray(pid, np.int32)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -745,6 +744,7 @@ __all__ = [
     "PolicyTrajectories",
     "SoloRecord",
     "TERRAIN_NAMES",
+    "TERRAIN_OF_LAYER",
     "RESPONSE_SOURCES",
     "load_traces",
     "save_traces",

@@ -20,51 +20,19 @@ _INK, _PAPER = (20, 20, 20), (255, 255, 255)
 
 
 def legend_for(env: Any) -> list[tuple[str, tuple[int, int, int]]]:
-    """``[(label, rgb)]`` of every colour ``env.render`` paints, in palette order.
+    """``[(label, rgb)]`` of every colour ``env.render`` paints, in palette order: the env's own ``legend()``.
 
-    Melting Pot games (``envs_jax.meltingpot.PALETTE_BASE`` / ``PALETTE_AGENTS``): floor, wall, river, dirt,
-    grass, apple, then agent i's colour as ``a<i>``. Overcooked (``envs_jax.overcooked.PALETTE``): floor, counter,
-    dispensers, serving, pot states, items, agents and the black facing mark.
+    Melting Pot games (:meth:`envs_jax.meltingpot.MeltingPotEnv.legend`: ``PALETTE_BASE`` / ``PALETTE_AGENTS``):
+    floor, wall, river, dirt, grass, apple, then agent i's colour as ``a<i>``. Overcooked
+    (:meth:`envs_jax.overcooked.Overcooked.legend`: ``PALETTE``): floor, counter, dispensers, serving, pot states,
+    items, agents and the black facing mark.
 
     Raises:
-        ValueError: ``env`` is neither (no palette known).
+        ValueError: ``env`` has no ``legend`` (no palette known).
     """
-    if hasattr(env, "layout_info"):
-        from envs_jax import overcooked as oc
-
-        names = (
-            "floor",
-            "counter",
-            "onion pile",
-            "dish pile",
-            "serving",
-            "pot: empty",
-            "pot: 1 onion",
-            "pot: 2 onions",
-            "pot: 3 onions",
-            "pot: cooking",
-            "pot: ready",
-            "onion",
-            "dish",
-            "soup",
-            "a0",
-            "a1",
-            "facing mark",
-        )
-        pal = np.asarray(oc.PALETTE)
-        return [(n, tuple(int(c) for c in pal[k])) for k, n in enumerate(names)]
-    if hasattr(env, "wall") and hasattr(env, "num_agents"):
-        from envs_jax import meltingpot as mp
-
-        names = ("floor", "wall", "river", "dirt", "grass (no apple)", "apple")
-        n = int(env.num_agents)
-        agents = np.resize(mp.PALETTE_AGENTS, (n, 3))
-        out = [(nm, tuple(int(c) for c in mp.PALETTE_BASE[k])) for k, nm in enumerate(names)]
-        has_water = bool(np.asarray(getattr(env, "water", np.zeros(1, bool))).any())
-        if not has_water:  # Harvest paints no river or dirt
-            out = [o for o in out if o[0] not in ("river", "dirt")]
-        return out + [(f"a{i}", tuple(int(c) for c in agents[i])) for i in range(n)]
-    raise ValueError(f"legend_for: no palette known for {type(env).__name__}")
+    if not callable(getattr(env, "legend", None)):
+        raise ValueError(f"legend_for: no palette known for {type(env).__name__}")
+    return env.legend()
 
 
 def _font(size: int):
