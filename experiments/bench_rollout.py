@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="write the results JSON here")
     args = ap.parse_args(argv)
 
-    from jaxopt_marl.config import GAMES
+    from jaxopt_marl.config import GAMES, NUM_AGENTS
     from jaxopt_marl.errors import InputError
     from jaxopt_marl.preflight import check_model
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     from jaxopt_marl import guards as G
     from lora import LoRAConfig, split_model
 
-    n = 2 if args.game.startswith("overcooked") else 7
+    n = NUM_AGENTS[args.game]
     env = envs_jax.make(args.game, max_steps=args.steps)
     lib = options.get_library(args.game, env)
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxopt_marl import artifacts, audit, metrics, stats
+from jaxopt_marl import artifacts, audit, games, metrics, stats
 from jaxopt_marl.config import CHECKPOINT_RULE, EVAL_SEED0, RunConfig
 
 #: ``fold_in`` constant of the evaluation's key (the solo test and the GIF share it).
@@ -68,7 +68,7 @@ def episode_metrics(game: str, res) -> list[dict]:
             "parse_fail_rate": (sum(t["parse_fail"] for t in tr) / len(tr)) if tr else 0.0,
         }
         row.update({f"final_{k}": float(v[e]) for k, v in res.stats.items() if k != "team_return"})
-        if not game.startswith("overcooked"):  # apples eaten per agent (a step's reward is 0, 1 or 2 apples)
+        if not games.info(game).shared_reward:  # apples eaten per agent (a step's reward is 0, 1 or 2 apples)
             row["agent_apples"] = [int(x) for x in audit.per_agent_apples(rew[e])[0]]
         out.append(row)
     return out

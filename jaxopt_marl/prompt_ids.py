@@ -50,7 +50,10 @@ Why concatenation equals tokenizing the whole string
     a tokenizer that breaks the scheme raises ``ValueError`` naming the game, the tokenizer's pre-tokenizer
     and the first offending text.
 
-Melting Pot "in view" is :func:`jaxopt_marl.prompts.mp_view` (the library's view ranking); the ``state:``
+The slots that differ between games belong to the family's view (:attr:`jaxopt_marl.prompts.PromptFamily.view`):
+one device template per view in :data:`_TEMPLATES` (``kitchen``: :class:`_KitchenTemplate`, Overcooked; ``window``:
+:class:`_WindowTemplate`, Melting Pot), the twins of :data:`jaxopt_marl.prompts.VIEWS`. Melting Pot "in view" is
+:func:`jaxopt_marl.prompts.mp_view` (the library's view ranking); the ``state:``
 label is :func:`state_label_code` (= :func:`jaxopt_marl.prompts.state_label`). Team values are integer counts:
 the memory's ``team_at_last`` is float32, exact below 2**24; the difference is written with its sign.
 """
@@ -152,15 +155,9 @@ def host_memory(lib, mem: AgentMemory) -> prompts.Memory:
 
 
 def state_label_code(game: str, lib, env_state, aid) -> jax.Array:
-    """``int32[]`` index of the agent's ``state:`` label in ``prompts.STATE_LABELS[family(game)]`` (jittable;
+    """``int32[]`` index of the agent's ``state:`` label in ``prompts.prompt_family(game).labels`` (jittable;
     the same rule as :func:`jaxopt_marl.prompts.state_label`)."""
-    if prompts.family(game) == "overcooked":
-        from envs_jax import overcooked as oc
-
-        view = oc.pot_view(env_state, lib.info.pots)
-        return prompts.overcooked_label_code(oc.held_items(env_state), view.onions, view.cooking, view.ready, aid)
-    dirt = env_state.dirt if games.info(game).dirt else None
-    return prompts.meltingpot_label_code(env_state.pos, env_state.facing, aid, env_state.apples, dirt)
+    return _TEMPLATES[prompts.prompt_family(game).view].label_code(game, lib, env_state, aid)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -357,6 +354,237 @@ def _label_parts(label: str, where: str) -> tuple[list[str], list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Views: the template slots that differ between the kitchen and the Melting Pot window
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _KitchenTemplate:
+    """Overcooked's part of the template (view ``kitchen``, :class:`jaxopt_marl.prompts.KitchenView`): the
+    players, the pots (status and path distances) and the counters' items; the twin of
+    :func:`jaxopt_marl.prompts._overcooked_lines`.
+
+    Attributes:
+        shape: the map's ``(H, W)``; cap_dist: digits of the largest finite path distance on the map.
+        pots ``int32[P, 2]``, pot_dist ``int32[P, H * W]`` (path length from each cell onto each pot),
+        counters ``int32[K, 2]``, ctr_table: the counter items' fragments (first entry / later entries).
+    """
+
+    def __init__(self, game: str, lib):
+        info = lib.info
+        h, w = info.height, info.width
+        self.shape, self.width = (h, w), w
+        finite = lib.pose_dist[lib.pose_dist < UNREACHABLE]
+        self.cap_dist = _digits(int(finite.max()) if finite.size else 0)
+        self.pots = np.asarray(info.pots, np.int32).reshape(-1, 2)
+        self.pot_dist = jnp.asarray(lib.pose_dist[self.pots[:, 0] * w + self.pots[:, 1]].astype(np.int32))
+        self.counters = np.asarray(info.counters, np.int32).reshape(-1, 2)
+        items = prompts.OC_ITEMS
+        ctr = [""]
+        for rc in self.counters:
+            xy = f"({int(rc[1])}, {int(rc[0])}"
+            ctr += [f" {it}@{xy}" for it in items] + [f"), {it}@{xy}" for it in items]
+        self.ctr_table = tuple(ctr)
+
+    @staticmethod
+    def label_code(game: str, lib, env_state, aid) -> jax.Array:
+        """:func:`jaxopt_marl.prompts.overcooked_label_code` of the state."""
+        from envs_jax import overcooked as oc
+
+        view = oc.pot_view(env_state, lib.info.pots)
+        return prompts.overcooked_label_code(oc.held_items(env_state), view.onions, view.cooking, view.ready, aid)
+
+    def fields(self, ids: PromptIds, env_state, aid) -> dict:
+        """The kitchen's fields of one decision (jittable)."""
+        from envs_jax import overcooked as oc
+
+        pos = oc.agent_positions(env_state)
+        view = oc.pot_view(env_state, self.pots)
+        pflat = pos[:, 0] * self.width + pos[:, 1]
+        return dict(
+            pos=pos,
+            facing=oc.agent_facing(env_state),
+            held=oc.held_items(env_state),
+            pot_onions=view.onions,
+            pot_cooking=view.cooking,
+            pot_ready=view.ready,
+            pot_d=jnp.stack([self.pot_dist[:, pflat[aid]], self.pot_dist[:, pflat[1 - aid]]], -1),
+            counter=oc.cells_items(env_state, self.counters),
+        )
+
+    def random_fields(self, ids: PromptIds, rng, ar, cells, dists) -> dict:
+        """Synthetic kitchen fields of ``len(ar)`` decisions (:meth:`PromptIds._random_fields`)."""
+        b = ar.shape[0]
+        n_pot, n_ctr = len(self.pots), len(self.counters)
+        ready = rng.random((b, n_pot)) < 0.3
+        return dict(
+            pos=cells(b, 2),
+            facing=rng.integers(0, 4, (b, 2)).astype(np.int32),
+            held=rng.integers(0, 4, (b, 2)).astype(np.int32),
+            pot_onions=rng.integers(0, 4, (b, n_pot)).astype(np.int32),
+            pot_ready=ready,
+            pot_cooking=~ready & (rng.random((b, n_pot)) < 0.4),
+            pot_d=dists(b, n_pot, 2),
+            counter=np.where(rng.random((b, n_ctr)) < 0.5, 0, rng.integers(1, 4, (b, n_ctr))).astype(np.int32),
+        )
+
+    def rows(self, ids: PromptIds, e: _Emit, f: dict) -> None:
+        """The kitchen's slots of the user message."""
+        xp = e.xp
+        cxy, aid = ids._cap_xy, f["aid"]
+        p = 1 - aid
+        pos, facing, held = f["pos"], f["facing"], f["held"]
+        e.lit("You are player ")
+        e.num(aid, ids._cap_agent)
+        e.lit(". World position: (")
+        e.num(pos[aid, 1], cxy)
+        e.lit(", ")
+        e.num(pos[aid, 0], cxy)
+        e.lit(").\nFacing:")
+        e.pick([f" {n}." for n in prompts.OC_FACING], facing[aid])
+        e.lit(" Holding:")
+        e.pick([f" {n}.\n" for n in prompts.OC_ITEMS], held[aid])
+        e.lit("Partner (player ")
+        e.num(p, ids._cap_agent)
+        e.lit("): pos=(")
+        e.num(pos[p, 1], cxy)
+        e.lit(", ")
+        e.num(pos[p, 0], cxy)
+        e.lit(") facing")
+        e.pick([f"={n}" for n in prompts.OC_FACING], facing[p])
+        e.lit(" holding")
+        e.pick([f"={n}" for n in prompts.OC_ITEMS], held[p])
+        e.lit(".\n\nPots:")
+        for i, pot in enumerate(self.pots):
+            e.lit(f"\n  - pot@({int(pot[1])}, {int(pot[0])}):")
+            ready, cooking = f["pot_ready"][i], f["pot_cooking"][i]
+            idle = ~ready & ~cooking
+            e.pick((" ready", " cooking", " "), xp.where(ready, 0, xp.where(cooking, 1, 2)))
+            e.num(f["pot_onions"][i], 1, idle)  # 0..3: two bits of the pot's item code
+            e.pick(("", "/3 onions"), idle)
+            for who, sep in ((0, "; you:"), (1, " | partner:")):
+                d = f["pot_d"][i, who]
+                e.lit(sep)
+                e.pick((" ", " unreachable"), d >= UNREACHABLE)
+                e.num(xp.maximum(d, 0), ids._cap_dist, d < UNREACHABLE)
+        e.lit("\nCounters:")
+        items = xp.clip(f["counter"], 0, len(prompts.OC_ITEMS) - 1)
+        on = items != 0
+        first = on & (xp.cumsum(on) == 1)
+        k = xp.arange(on.shape[0])
+        n_it = len(prompts.OC_ITEMS)
+        idx = xp.where(on, 1 + k * 2 * n_it + xp.where(first, 0, n_it) + items, 0)
+        e.entries(e.p(self.ctr_table, idx))
+        e.pick((" (empty)\n", ")\n"), on.any())
+
+
+class _WindowTemplate:
+    """Melting Pot's part of the template (view ``window``, :class:`jaxopt_marl.prompts.WindowView`): the
+    agent, the listed objects in its window (:func:`jaxopt_marl.prompts.mp_view`) and the partners in view; the
+    twin of :func:`jaxopt_marl.prompts._meltingpot_lines`.
+
+    Attributes:
+        shape: the map's ``(H, W)``; cap_dist: digits of the largest finite path length on the map.
+        dirt: the game has dirt (:attr:`jaxopt_marl.games.GameInfo.dirt`); classes: ``(key, name)`` of each
+            listed object class (apples, and dirt where the game has it).
+    """
+
+    def __init__(self, game: str, lib):
+        self.shape = tuple(lib.shape)
+        finite = lib.dest[: lib.num_cells][lib.dest[: lib.num_cells] < mpc.FAR]
+        self.cap_dist = _digits(int(finite.max()) if finite.size else 0)
+        self.dirt = games.info(game).dirt
+        self.classes = (("apples", "Apples"), ("dirt", "Dirt")) if self.dirt else (("apples", "Apples"),)
+
+    @staticmethod
+    def label_code(game: str, lib, env_state, aid) -> jax.Array:
+        """:func:`jaxopt_marl.prompts.meltingpot_label_code` of the state."""
+        dirt = env_state.dirt if games.info(game).dirt else None
+        return prompts.meltingpot_label_code(env_state.pos, env_state.facing, aid, env_state.apples, dirt)
+
+    def fields(self, ids: PromptIds, env_state, aid) -> dict:
+        """The window's fields of one decision (jittable)."""
+        dirt = env_state.dirt if self.dirt else None
+        view = prompts.mp_view(ids.lib, env_state.pos, env_state.facing, env_state.alive, aid, env_state.apples, dirt)
+        f = dict(
+            pos=env_state.pos[aid],
+            facing=env_state.facing[aid],
+            partner_on=view["partners"],
+            partner_pos=env_state.pos,
+        )
+        for cls, _ in self.classes:
+            v = view[cls]
+            f.update({f"n_{cls}": v.count, f"near_{cls}": v.target, f"near_ok_{cls}": v.valid, f"near_d_{cls}": v.dist})
+        return f
+
+    def random_fields(self, ids: PromptIds, rng, ar, cells, dists) -> dict:
+        """Synthetic window fields of ``len(ar)`` decisions (:meth:`PromptIds._random_fields`)."""
+        b, n = ar.shape[0], ids._n_agents
+        f = dict(
+            pos=cells(b),
+            facing=(ar % 4).astype(np.int32),
+            partner_on=rng.random((b, n)) < 0.5,
+            partner_pos=cells(b, n),
+        )
+        for cls, _ in self.classes:
+            cnt = np.where(ar % 5 == 0, 0, rng.integers(1, mpc.WINDOW_CELLS + 1, b))
+            ok = np.arange(prompts.MAX_LISTED)[None] < np.minimum(cnt, prompts.MAX_LISTED)[:, None]
+            f.update(
+                {
+                    f"n_{cls}": cnt.astype(np.int32),
+                    f"near_{cls}": np.where(ok[..., None], cells(b, prompts.MAX_LISTED), -1).astype(np.int32),
+                    f"near_ok_{cls}": ok,
+                    f"near_d_{cls}": np.where(ok, dists(b, prompts.MAX_LISTED), -1).astype(np.int32),
+                }
+            )
+        return f
+
+    def rows(self, ids: PromptIds, e: _Emit, f: dict) -> None:
+        """The window's slots of the user message."""
+        xp = e.xp
+        cxy = ids._cap_xy
+        e.lit("You are player ")
+        e.num(f["aid"], ids._cap_agent)
+        e.lit(". World position: (")
+        e.num(f["pos"][1], cxy)
+        e.lit(", ")
+        e.num(f["pos"][0], cxy)
+        e.lit("). Facing:")
+        e.pick([f" {n}.\n" for n in prompts.MP_FACING], f["facing"])
+        for cls, name in self.classes:
+            e.lit(f"{name} in view: ")
+            e.num(f[f"n_{cls}"], _digits(mpc.WINDOW_CELLS))
+            ok, tgt, d = f[f"near_ok_{cls}"], f[f"near_{cls}"], f[f"near_d_{cls}"]
+            first = xp.arange(ok.shape[0]) == 0
+            reach = d < UNREACHABLE
+            e.entries(
+                e.p(("", " (nearest: (", ", ("), xp.where(ok, xp.where(first, 1, 2), 0)),
+                e.n(tgt[:, 1], cxy, ok),
+                e.opt(", ", ok),
+                e.n(tgt[:, 0], cxy, ok),
+                e.opt(") d", ok),
+                e.p(("", "=", "=unreachable"), xp.where(ok, xp.where(reach, 1, 2), 0)),
+                e.n(xp.maximum(d, 0), ids._cap_dist, ok & reach),
+            )
+            e.pick(("\n", ")\n"), ok[0])
+        on = f["partner_on"]
+        first = on & (xp.cumsum(on) == 1)
+        e.lit("Partners in view:")
+        e.entries(
+            e.p(("", " player ", "), player "), xp.where(on, xp.where(first, 1, 2), 0)),
+            e.n(xp.arange(on.shape[0]), ids._cap_agent, on),
+            e.opt(" @ (", on),
+            e.n(f["partner_pos"][:, 1], cxy, on),
+            e.opt(", ", on),
+            e.n(f["partner_pos"][:, 0], cxy, on),
+        )
+        e.pick((" none\n", ")\n"), on.any())
+
+
+#: The device template of each view (:attr:`jaxopt_marl.prompts.PromptFamily.view`).
+_TEMPLATES = {"kitchen": _KitchenTemplate, "window": _WindowTemplate}
+
+
+# ---------------------------------------------------------------------------------------------------------
 # PromptIds
 # ---------------------------------------------------------------------------------------------------------
 
@@ -392,6 +620,7 @@ class PromptIds:
         self.system = prompts.system_message(game)  # raises for an unknown game
         self.game, self.env, self.lib, self.tok, self.mode = game, env, lib, tokenizer, mode
         self.family = prompts.family(game)
+        self.labels = prompts.prompt_family(game).labels
         self.max_steps = int(max_steps)
         if lib.num_instances > MAX_MENU_LINES:
             raise ValueError(
@@ -480,31 +709,11 @@ class PromptIds:
                 tails += [body + "\n", body + "\n\nChoose"]
         self._tail_table = tuple(tails)
         self._letter_table = ("",) + tuple(f"{c})" for c in menus.LETTERS)
-        if self.family == "overcooked":
-            info = lib.info
-            h, w = info.height, info.width
-            self._cap_xy = _digits(max(h, w) - 1)
-            finite = lib.pose_dist[lib.pose_dist < UNREACHABLE]
-            self._cap_dist = _digits(int(finite.max()) if finite.size else 0)
-            self._pots = np.asarray(info.pots, np.int32).reshape(-1, 2)
-            self._pot_dist = jnp.asarray(lib.pose_dist[self._pots[:, 0] * w + self._pots[:, 1]].astype(np.int32))
-            self._counters = np.asarray(info.counters, np.int32).reshape(-1, 2)
-            self._n_agents = lib.num_agents
-            items = prompts.OC_ITEMS
-            ctr = [""]
-            for rc in self._counters:
-                xy = f"({int(rc[1])}, {int(rc[0])}"
-                ctr += [f" {it}@{xy}" for it in items] + [f"), {it}@{xy}" for it in items]
-            self._ctr_table = tuple(ctr)
-        else:
-            h, w = lib.shape
-            self._cap_xy = _digits(max(h, w) - 1)
-            finite = lib.dest[: lib.num_cells][lib.dest[: lib.num_cells] < mpc.FAR]
-            self._cap_dist = _digits(int(finite.max()) if finite.size else 0)
-            self._n_agents = lib.num_agents
-            self._classes = (
-                (("apples", "Apples"), ("dirt", "Dirt")) if games.info(self.game).dirt else (("apples", "Apples"),)
-            )
+        self._view = _TEMPLATES[prompts.prompt_family(self.game).view](self.game, lib)
+        h, w = self._view.shape
+        self._cap_xy = _digits(max(h, w) - 1)
+        self._cap_dist = self._view.cap_dist
+        self._n_agents = lib.num_agents
         self._cap_agent = _digits(self._n_agents - 1)
 
     # -- stage 1: fields of one decision ---------------------------------------------------------------------
@@ -527,38 +736,7 @@ class PromptIds:
             line_letter=letters[order],
             label=state_label_code(self.game, self.lib, env_state, aid),
         )
-        if self.family == "overcooked":
-            from envs_jax import overcooked as oc
-
-            pos = oc.agent_positions(env_state)
-            view = oc.pot_view(env_state, self._pots)
-            pflat = pos[:, 0] * self.lib.info.width + pos[:, 1]
-            f.update(
-                pos=pos,
-                facing=oc.agent_facing(env_state),
-                held=oc.held_items(env_state),
-                pot_onions=view.onions,
-                pot_cooking=view.cooking,
-                pot_ready=view.ready,
-                pot_d=jnp.stack([self._pot_dist[:, pflat[aid]], self._pot_dist[:, pflat[1 - aid]]], -1),
-                counter=oc.cells_items(env_state, self._counters),
-            )
-        else:
-            dirt = env_state.dirt if games.info(self.game).dirt else None
-            view = prompts.mp_view(
-                self.lib, env_state.pos, env_state.facing, env_state.alive, aid, env_state.apples, dirt
-            )
-            f.update(
-                pos=env_state.pos[aid],
-                facing=env_state.facing[aid],
-                partner_on=view["partners"],
-                partner_pos=env_state.pos,
-            )
-            for cls, _ in self._classes:
-                v = view[cls]
-                f.update(
-                    {f"n_{cls}": v.count, f"near_{cls}": v.target, f"near_ok_{cls}": v.valid, f"near_d_{cls}": v.dist}
-                )
+        f.update(self._view.fields(self, env_state, aid))
         return f
 
     # -- stage 2: fragment rows of one decision ----------------------------------------------------------------
@@ -567,100 +745,9 @@ class PromptIds:
         """``int32[S]`` fragment rows of one decision's fields (``xp``: ``jax.numpy``, or ``numpy`` on the host)."""
         e = _Emit(self.frags, xp)
         e.lit(self._user_pre)
-        if self.family == "overcooked":
-            self._overcooked_rows(e, f)
-        else:
-            self._meltingpot_rows(e, f)
+        self._view.rows(self, e, f)
         self._common_rows(e, f)
         return e.rows()
-
-    def _meltingpot_rows(self, e: _Emit, f: dict) -> None:
-        xp = e.xp
-        cxy = self._cap_xy
-        e.lit("You are player ")
-        e.num(f["aid"], self._cap_agent)
-        e.lit(". World position: (")
-        e.num(f["pos"][1], cxy)
-        e.lit(", ")
-        e.num(f["pos"][0], cxy)
-        e.lit("). Facing:")
-        e.pick([f" {n}.\n" for n in prompts.MP_FACING], f["facing"])
-        for cls, name in self._classes:
-            e.lit(f"{name} in view: ")
-            e.num(f[f"n_{cls}"], _digits(mpc.WINDOW_CELLS))
-            ok, tgt, d = f[f"near_ok_{cls}"], f[f"near_{cls}"], f[f"near_d_{cls}"]
-            first = xp.arange(ok.shape[0]) == 0
-            reach = d < UNREACHABLE
-            e.entries(
-                e.p(("", " (nearest: (", ", ("), xp.where(ok, xp.where(first, 1, 2), 0)),
-                e.n(tgt[:, 1], cxy, ok),
-                e.opt(", ", ok),
-                e.n(tgt[:, 0], cxy, ok),
-                e.opt(") d", ok),
-                e.p(("", "=", "=unreachable"), xp.where(ok, xp.where(reach, 1, 2), 0)),
-                e.n(xp.maximum(d, 0), self._cap_dist, ok & reach),
-            )
-            e.pick(("\n", ")\n"), ok[0])
-        on = f["partner_on"]
-        first = on & (xp.cumsum(on) == 1)
-        e.lit("Partners in view:")
-        e.entries(
-            e.p(("", " player ", "), player "), xp.where(on, xp.where(first, 1, 2), 0)),
-            e.n(xp.arange(on.shape[0]), self._cap_agent, on),
-            e.opt(" @ (", on),
-            e.n(f["partner_pos"][:, 1], cxy, on),
-            e.opt(", ", on),
-            e.n(f["partner_pos"][:, 0], cxy, on),
-        )
-        e.pick((" none\n", ")\n"), on.any())
-
-    def _overcooked_rows(self, e: _Emit, f: dict) -> None:
-        xp = e.xp
-        cxy, aid = self._cap_xy, f["aid"]
-        p = 1 - aid
-        pos, facing, held = f["pos"], f["facing"], f["held"]
-        e.lit("You are player ")
-        e.num(aid, self._cap_agent)
-        e.lit(". World position: (")
-        e.num(pos[aid, 1], cxy)
-        e.lit(", ")
-        e.num(pos[aid, 0], cxy)
-        e.lit(").\nFacing:")
-        e.pick([f" {n}." for n in prompts.OC_FACING], facing[aid])
-        e.lit(" Holding:")
-        e.pick([f" {n}.\n" for n in prompts.OC_ITEMS], held[aid])
-        e.lit("Partner (player ")
-        e.num(p, self._cap_agent)
-        e.lit("): pos=(")
-        e.num(pos[p, 1], cxy)
-        e.lit(", ")
-        e.num(pos[p, 0], cxy)
-        e.lit(") facing")
-        e.pick([f"={n}" for n in prompts.OC_FACING], facing[p])
-        e.lit(" holding")
-        e.pick([f"={n}" for n in prompts.OC_ITEMS], held[p])
-        e.lit(".\n\nPots:")
-        for i, pot in enumerate(self._pots):
-            e.lit(f"\n  - pot@({int(pot[1])}, {int(pot[0])}):")
-            ready, cooking = f["pot_ready"][i], f["pot_cooking"][i]
-            idle = ~ready & ~cooking
-            e.pick((" ready", " cooking", " "), xp.where(ready, 0, xp.where(cooking, 1, 2)))
-            e.num(f["pot_onions"][i], 1, idle)  # 0..3: two bits of the pot's item code
-            e.pick(("", "/3 onions"), idle)
-            for who, sep in ((0, "; you:"), (1, " | partner:")):
-                d = f["pot_d"][i, who]
-                e.lit(sep)
-                e.pick((" ", " unreachable"), d >= UNREACHABLE)
-                e.num(xp.maximum(d, 0), self._cap_dist, d < UNREACHABLE)
-        e.lit("\nCounters:")
-        items = xp.clip(f["counter"], 0, len(prompts.OC_ITEMS) - 1)
-        on = items != 0
-        first = on & (xp.cumsum(on) == 1)
-        k = xp.arange(on.shape[0])
-        n_it = len(prompts.OC_ITEMS)
-        idx = xp.where(on, 1 + k * 2 * n_it + xp.where(first, 0, n_it) + items, 0)
-        e.entries(e.p(self._ctr_table, idx))
-        e.pick((" (empty)\n", ")\n"), on.any())
 
     def _common_rows(self, e: _Emit, f: dict) -> None:
         xp = e.xp
@@ -701,7 +788,7 @@ class PromptIds:
         if self.mode == "choice_only":
             head, tail = RESPONSE_PREFIX.split("{label}")
             e.lit(head.rstrip(" "))
-            e.pick([" " + lab for lab in prompts.STATE_LABELS[self.family]], f["label"])
+            e.pick([" " + lab for lab in self.labels], f["label"])
             e.lit(tail)
 
     def _line_worst(self) -> int:
@@ -810,10 +897,7 @@ class PromptIds:
             letter[s, : n_lines[s]] = pick
         n_opt = len(lib.options)
         line_opt = (ar[:, None] * n_i + np.arange(n_i)) % n_opt
-        if self.family == "overcooked":
-            h, w = lib.info.height, lib.info.width
-        else:
-            h, w = lib.shape
+        h, w = self._view.shape
         cells = lambda *shape: np.stack([rng.integers(0, h, shape), rng.integers(0, w, shape)], -1).astype(np.int32)
         tgt = np.where(rng.random((b, n_i, 1)) < 0.1, -1, cells(b, n_i))
         step = big(b)
@@ -828,7 +912,7 @@ class PromptIds:
             line_opt=line_opt.astype(np.int32),
             line_tgt=tgt.astype(np.int32),
             line_letter=letter,
-            label=(ar % len(prompts.STATE_LABELS[self.family])).astype(np.int32),
+            label=(ar % len(self.labels)).astype(np.int32),
         )
         dmax = 10**self._cap_dist - 1
 
@@ -836,38 +920,7 @@ class PromptIds:
             d = rng.integers(0, dmax + 1, shape)
             return np.where(rng.random(shape) < 0.2, UNREACHABLE, d).astype(np.int32)
 
-        if self.family == "overcooked":
-            n_pot, n_ctr = len(self._pots), len(self._counters)
-            ready = rng.random((b, n_pot)) < 0.3
-            f.update(
-                pos=cells(b, 2),
-                facing=rng.integers(0, 4, (b, 2)).astype(np.int32),
-                held=rng.integers(0, 4, (b, 2)).astype(np.int32),
-                pot_onions=rng.integers(0, 4, (b, n_pot)).astype(np.int32),
-                pot_ready=ready,
-                pot_cooking=~ready & (rng.random((b, n_pot)) < 0.4),
-                pot_d=dists(b, n_pot, 2),
-                counter=np.where(rng.random((b, n_ctr)) < 0.5, 0, rng.integers(1, 4, (b, n_ctr))).astype(np.int32),
-            )
-        else:
-            n = self._n_agents
-            f.update(
-                pos=cells(b),
-                facing=(ar % 4).astype(np.int32),
-                partner_on=rng.random((b, n)) < 0.5,
-                partner_pos=cells(b, n),
-            )
-            for cls, _ in self._classes:
-                cnt = np.where(ar % 5 == 0, 0, rng.integers(1, mpc.WINDOW_CELLS + 1, b))
-                ok = np.arange(prompts.MAX_LISTED)[None] < np.minimum(cnt, prompts.MAX_LISTED)[:, None]
-                f.update(
-                    {
-                        f"n_{cls}": cnt.astype(np.int32),
-                        f"near_{cls}": np.where(ok[..., None], cells(b, prompts.MAX_LISTED), -1).astype(np.int32),
-                        f"near_ok_{cls}": ok,
-                        f"near_d_{cls}": np.where(ok, dists(b, prompts.MAX_LISTED), -1).astype(np.int32),
-                    }
-                )
+        f.update(self._view.random_fields(self, rng, ar, cells, dists))
         return f
 
     def _check(self) -> None:

@@ -24,6 +24,12 @@ window, and the ``state:`` label (:func:`state_label`) reads the same window. Ov
 
 Team values (``Memory`` line) are integer counts (apples eaten, soups delivered) and are written as integers.
 The same text is assembled from pre-tokenized fragments on the device by :mod:`jaxopt_marl.prompt_ids`.
+
+What differs between games is data: each game's prompt family (:attr:`jaxopt_marl.games.GameInfo.family`) is a
+:class:`PromptFamily` record in :data:`FAMILIES` (system message, state labels, and the *view*: ``kitchen`` for
+Overcooked, ``window`` for Melting Pot), and each view is one :class:`KitchenView` / :class:`WindowView` in
+:data:`VIEWS` (what the snapshot reads, the label rule, the user message's world lines). A new game of an existing
+kind is a :class:`jaxopt_marl.games.GameInfo` record; a new family, a :data:`FAMILIES` record.
 """
 
 from __future__ import annotations
@@ -79,18 +85,55 @@ STATE_LABELS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptFamily:
+    """What one prompt family's prompts say and read.
+
+    Attributes:
+        name: the family (:attr:`jaxopt_marl.games.GameInfo.family`).
+        system: the system message's goal text (:data:`SYSTEM`), before the response contract.
+        labels: the ``state:`` labels of the response contract (:data:`STATE_LABELS`), index = label code.
+        view: what an agent sees, the key of :data:`VIEWS` (and of :mod:`jaxopt_marl.prompt_ids`' device
+            templates): ``kitchen`` (Overcooked: the whole small kitchen, as in the paper's example) or
+            ``window`` (Melting Pot: the agent's observation window).
+    """
+
+    name: str
+    system: str
+    labels: tuple[str, ...]
+    view: str
+
+
+#: The prompt families by name.
+FAMILIES = {
+    "overcooked": PromptFamily("overcooked", SYSTEM["overcooked"], STATE_LABELS["overcooked"], "kitchen"),
+    "cleanup": PromptFamily("cleanup", SYSTEM["cleanup"], STATE_LABELS["cleanup"], "window"),
+    "harvest": PromptFamily("harvest", SYSTEM["harvest"], STATE_LABELS["harvest"], "window"),
+}
+
+
 def family(game: str) -> str:
     """The prompt family of ``game`` (:attr:`jaxopt_marl.games.GameInfo.family`: ``overcooked`` for
     ``overcooked_aa`` / ``overcooked_fc``); an unknown name is its own family."""
     return games.GAMES[game].family if game in games.GAMES else game
 
 
+def prompt_family(game: str) -> PromptFamily:
+    """The :class:`PromptFamily` of ``game``.
+
+    Raises:
+        ValueError: unknown game (naming the known ones).
+    """
+    fam = family(game)
+    if fam not in FAMILIES:
+        raise ValueError(f"unknown game {game!r}; known: {', '.join(games.GAMES)}")
+    return FAMILIES[fam]
+
+
 def system_message(game: str) -> str:
     """The fixed system message of ``game`` (goal + two-line response contract)."""
-    fam = family(game)
-    if fam not in SYSTEM:
-        raise ValueError(f"unknown game {game!r}; known: cleanup, harvest, overcooked_aa, overcooked_fc")
-    return SYSTEM[fam] + _CONTRACT.format(labels=" | ".join(STATE_LABELS[fam]))
+    fam = prompt_family(game)
+    return fam.system + _CONTRACT.format(labels=" | ".join(fam.labels))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -105,35 +148,7 @@ def make_snapshot_fn(game: str, env):
     ``pot_cooking``, ``pot_ready`` ``[B, P]``, ``counter_items int32[B, K]``, ``step``, ``team``.
     Melting Pot: ``pos``, ``facing``, ``alive``, ``apples bool[B, H, W]``, ``dirt`` (Cleanup), ``step``, ``team``.
     """
-    if family(game) == "overcooked":
-        from envs_jax import overcooked as oc
-
-        pots = env.layout_info.pots
-        counters = env.layout_info.counters
-
-        def one(s):
-            view = oc.pot_view(s, pots)
-            return dict(
-                pos=oc.agent_positions(s),
-                facing=oc.agent_facing(s),
-                held=oc.held_items(s),
-                pot_onions=view.onions,
-                pot_cooking=view.cooking,
-                pot_ready=view.ready,
-                counter_items=oc.cells_items(s, counters),
-                step=s.step,
-                team=s.deliveries,
-            )
-    else:
-
-        def one(s):
-            out = dict(
-                pos=s.pos, facing=s.facing, alive=s.alive, apples=s.apples, step=s.step, team=jnp.sum(s.apples_total)
-            )
-            if games.info(game).dirt:
-                out["dirt"] = s.dirt
-            return out
-
+    one = view(game).snapshot_one(game, env)
     fn = jax.jit(jax.vmap(one))
     return lambda states: {k: np.asarray(v) for k, v in fn(states).items()}
 
@@ -224,11 +239,7 @@ def state_label(game: str, snap: dict, aid: int) -> str:
 
     Overcooked: :func:`overcooked_label_code`; Melting Pot: :func:`meltingpot_label_code` (what is in view).
     """
-    if family(game) == "overcooked":
-        code = _oc_label_jit(snap["held"], snap["pot_onions"], snap["pot_cooking"], snap["pot_ready"], aid)
-    else:
-        code = _mp_label_jit(snap["pos"], snap["facing"], aid, snap["apples"], snap.get("dirt"))
-    return STATE_LABELS[family(game)][int(code)]
+    return prompt_family(game).labels[int(view(game).label_code(snap, aid))]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -299,10 +310,7 @@ def user_message(
     mem = mem or Memory()
     team = float(snap["team"])
     step = f"Step {int(snap['step'])}/{max_steps}."
-    if family(game) == "overcooked":
-        lines = _overcooked_lines(snap, aid, lib)
-    else:
-        lines = _meltingpot_lines(snap, aid, lib)
+    lines = view(game).lines(snap, aid, lib)
     return "\n".join(
         lines + [step, ""] + _memory_lines(mem, team) + ["", menu_text, "", "Choose one. Reply with exactly two lines."]
     )
@@ -348,13 +356,99 @@ def _meltingpot_lines(snap: dict, aid: int, lib) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Views: what differs between the kitchen and the Melting Pot window
+# ---------------------------------------------------------------------------------------------------------
+
+
+class KitchenView:
+    """Overcooked: the agent sees the whole kitchen (players, pots, counters)."""
+
+    @staticmethod
+    def snapshot_one(game: str, env):
+        """The snapshot of one state (:func:`make_snapshot_fn`'s Overcooked fields)."""
+        from envs_jax import overcooked as oc
+
+        pots = env.layout_info.pots
+        counters = env.layout_info.counters
+
+        def one(s):
+            view = oc.pot_view(s, pots)
+            return dict(
+                pos=oc.agent_positions(s),
+                facing=oc.agent_facing(s),
+                held=oc.held_items(s),
+                pot_onions=view.onions,
+                pot_cooking=view.cooking,
+                pot_ready=view.ready,
+                counter_items=oc.cells_items(s, counters),
+                step=s.step,
+                team=s.deliveries,
+            )
+
+        return one
+
+    @staticmethod
+    def label_code(snap: dict, aid: int):
+        """:func:`overcooked_label_code` of one env's snapshot."""
+        return _oc_label_jit(snap["held"], snap["pot_onions"], snap["pot_cooking"], snap["pot_ready"], aid)
+
+    @staticmethod
+    def lines(snap: dict, aid: int, lib) -> list[str]:
+        """The user message's world lines (:func:`_overcooked_lines`)."""
+        return _overcooked_lines(snap, aid, lib)
+
+
+class WindowView:
+    """Melting Pot: the agent sees its observation window (:func:`mp_view`)."""
+
+    @staticmethod
+    def snapshot_one(game: str, env):
+        """The snapshot of one state (:func:`make_snapshot_fn`'s Melting Pot fields; ``dirt`` where the game
+        has dirt, :attr:`jaxopt_marl.games.GameInfo.dirt`)."""
+        dirt = games.info(game).dirt
+
+        def one(s):
+            out = dict(
+                pos=s.pos, facing=s.facing, alive=s.alive, apples=s.apples, step=s.step, team=jnp.sum(s.apples_total)
+            )
+            if dirt:
+                out["dirt"] = s.dirt
+            return out
+
+        return one
+
+    @staticmethod
+    def label_code(snap: dict, aid: int):
+        """:func:`meltingpot_label_code` of one env's snapshot."""
+        return _mp_label_jit(snap["pos"], snap["facing"], aid, snap["apples"], snap.get("dirt"))
+
+    @staticmethod
+    def lines(snap: dict, aid: int, lib) -> list[str]:
+        """The user message's world lines (:func:`_meltingpot_lines`)."""
+        return _meltingpot_lines(snap, aid, lib)
+
+
+#: The views by :attr:`PromptFamily.view`.
+VIEWS = {"kitchen": KitchenView(), "window": WindowView()}
+
+
+def view(game: str):
+    """The view (:data:`VIEWS`) of ``game``'s prompt family."""
+    return VIEWS[prompt_family(game).view]
+
+
 __all__ = [
     "MAX_LISTED",
     "MEMORY_MACROS",
+    "FAMILIES",
+    "KitchenView",
     "MP_FACING",
     "Memory",
     "OC_FACING",
     "OC_ITEMS",
+    "PromptFamily",
+    "VIEWS",
     "STATE_LABELS",
     "SYSTEM",
     "family",
@@ -362,8 +456,11 @@ __all__ = [
     "meltingpot_label_code",
     "mp_view",
     "overcooked_label_code",
+    "prompt_family",
     "state_label",
     "system_message",
     "take",
     "user_message",
+    "view",
+    "WindowView",
 ]

@@ -21,6 +21,33 @@ def test_game_info():
         games.info("chess")
 
 
+def test_every_game_has_a_prompt_family_and_a_view():
+    # A game's prompts are data: its family's record (system text, labels, view), one host view and one device
+    # template per view (jaxopt_marl.prompts.VIEWS, jaxopt_marl.prompt_ids._TEMPLATES).
+    from jaxopt_marl import prompt_ids
+
+    for g, i in games.GAMES.items():
+        fam = prompts.prompt_family(g)
+        assert fam.name == i.family and fam.labels == prompts.STATE_LABELS[i.family]
+        assert fam.view == ("kitchen" if i.family == "overcooked" else "window")
+        assert prompts.view(g) is prompts.VIEWS[fam.view] and fam.view in prompt_ids._TEMPLATES
+        assert prompts.system_message(g).startswith(prompts.SYSTEM[i.family])
+    with pytest.raises(ValueError, match="unknown game 'chess'; known: cleanup, harvest, overcooked_aa, overcooked_fc"):
+        prompts.system_message("chess")
+
+
+def test_map_layers_and_legend_are_the_games_own():
+    # artifacts.map_layers and episode_gif.legend_for read the env's own methods (no attribute sniffing).
+    import envs_jax
+
+    for g, extra in (("cleanup", {"water"}), ("harvest", {"patch_id"}), ("overcooked_fc", set())):
+        env = envs_jax.make(g)
+        layers = env.map_layers()
+        assert "wall" in layers and extra <= set(layers), g
+        assert all(np.asarray(v).shape == np.asarray(layers["wall"]).shape for v in layers.values()), g
+        assert env.legend() and all(len(rgb) == 3 for _, rgb in env.legend()), g
+
+
 def test_library_scores_and_views():
     import envs_jax
     from jaxopt_marl.options import get_library
