@@ -60,7 +60,7 @@ import numpy as np
 from envs_jax import cleanup as cu
 from envs_jax import meltingpot as mp
 from jaxopt_marl import paths
-from jaxopt_marl.options.base import NA, NO_TARGET, FeatureSpec, OptionSpec
+from jaxopt_marl.options.base import NA, NO_TARGET, FeatureSpec
 from jaxopt_marl.options.meltingpot_common import (
     KIND_BEAM,
     KIND_REGION,
@@ -68,7 +68,8 @@ from jaxopt_marl.options.meltingpot_common import (
     KIND_WALK_ONTO,
     TARGET_CAP,
     MeltingPotOptions,
-    contract_text,
+    check_target_cap,
+    option_specs,
 )
 
 # ---------------------------------------------------------------------------------------------------------
@@ -157,19 +158,9 @@ class CleanupOptions(MeltingPotOptions):
     feature_specs = FEATURES
 
     def __init__(self, env, target_cap: int = TARGET_CAP):
-        if target_cap < 1:
-            raise ValueError(f"target_cap must be >= 1, got {target_cap}")
-        options = tuple(
-            OptionSpec(
-                name=n,
-                label=lab,
-                target_class=cls,
-                read_set=rs,
-                solo_only=False,
-                max_targets=target_cap if cls in ("apple", "dirt") else 1,
-                contract=contract_text(kind, inst, eff, _REGION_TEXT.get(i, "")),
-            )
-            for i, (n, lab, cls, kind, rs, inst, eff) in enumerate(_OPTIONS)
+        check_target_cap(target_cap)
+        options = option_specs(
+            _OPTIONS, {"apple": target_cap, "dirt": target_cap}, [_REGION_TEXT.get(i, "") for i in range(len(_OPTIONS))]
         )
         river = np.asarray(env.dirt_capable, bool)
         orchard = np.asarray(env.apple_capable, bool)

@@ -42,15 +42,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxopt_marl.options.base import NA, NO_TARGET, FeatureSpec, OptionSpec
+from jaxopt_marl.options.base import NA, NO_TARGET, FeatureSpec
 from jaxopt_marl.options.meltingpot_common import (
     KIND_REGION,
     KIND_WAIT,
     KIND_WALK_ONTO,
     TARGET_CAP,
     MeltingPotOptions,
+    check_target_cap,
     compass_toward,
-    contract_text,
+    option_specs,
 )
 
 # ---------------------------------------------------------------------------------------------------------
@@ -123,26 +124,14 @@ class HarvestOptions(MeltingPotOptions):
     feature_specs = FEATURES
 
     def __init__(self, env, target_cap: int = TARGET_CAP):
-        if target_cap < 1:
-            raise ValueError(f"target_cap must be >= 1, got {target_cap}")
+        check_target_cap(target_cap)
         patch_id = np.asarray(env.patch_id, np.int32)
         n_patch = int(patch_id.max()) + 1
         if n_patch < 1:
             raise ValueError("the map has no apple patch")
         targets, cents = patch_targets(patch_id)
-        sizes = {"apple": target_cap, "patch": n_patch}
-        options = tuple(
-            OptionSpec(
-                name=n,
-                label=lab,
-                target_class=cls,
-                read_set=rs,
-                solo_only=False,
-                max_targets=sizes.get(cls, 1),
-                contract=contract_text(kind, inst, eff, "the target patch, facing its centroid"),
-            )
-            for n, lab, cls, kind, rs, inst, eff in _OPTIONS
-        )
+        texts = ["the target patch, facing its centroid"] * len(_OPTIONS)
+        options = option_specs(_OPTIONS, {"apple": target_cap, "patch": n_patch}, texts)
         regions = patch_id[None] == np.arange(n_patch)[:, None, None]
         h, w = patch_id.shape
         cells = np.argwhere(np.ones((h, w), bool)).reshape(h, w, 2)

@@ -169,6 +169,34 @@ def contract_text(kind: int, inst: str, effect: str, region: str = "") -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def option_specs(rows, max_targets: dict[str, int], regions) -> tuple[OptionSpec, ...]:
+    """The :class:`~jaxopt_marl.options.base.OptionSpec` of each option row of a Melting Pot library.
+
+    Args:
+        rows: ``(name, label, target_class, kind, read_set, instantiation, effect)`` per option, menu order.
+        max_targets: instances per target class (a class not listed has one).
+        regions: per row, the region text of its contract (:func:`contract_text`).
+    """
+    return tuple(
+        OptionSpec(
+            name=n,
+            label=lab,
+            target_class=cls,
+            read_set=rs,
+            solo_only=False,
+            max_targets=max_targets.get(cls, 1),
+            contract=contract_text(kind, inst, eff, region),
+        )
+        for (n, lab, cls, kind, rs, inst, eff), region in zip(rows, regions, strict=True)
+    )
+
+
+def check_target_cap(target_cap: int) -> None:
+    """Raises ValueError unless ``target_cap >= 1`` (instances per capped target class)."""
+    if target_cap < 1:
+        raise ValueError(f"target_cap must be >= 1, got {target_cap}")
+
+
 def destination_table(walkable: np.ndarray, regions: np.ndarray) -> np.ndarray:
     """``int16[C + R, C]`` static path lengths (C = H * W cells, row-major; :data:`FAR` = unreachable).
 
@@ -528,6 +556,8 @@ __all__ = [
     "MeltingPotOptions",
     "ViewRanking",
     "compass_toward",
+    "option_specs",
+    "check_target_cap",
     "contract_text",
     "destination_table",
     "in_window",
