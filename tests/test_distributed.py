@@ -21,75 +21,21 @@ is covered too.
 """
 
 import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
-import tempfile
-import threading
 import time
-from pathlib import Path
 
 import chex
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-#: Seconds for all workers together; past it they are killed and the test fails.
-TIMEOUT = 600
+from tests.background import BACKGROUND
+from tests.distributed_worker import free_port, start
+
 #: Metrics that measure wall time (they differ between any two runs).
 TIMED = ("perf/decisions_per_s", "perf/rollout_s", "perf/update_s", "perf/round_s", "perf/llm_s")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("XLA_FLAGS", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.distributed_worker", *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait(procs, deadline):
-    """Every worker's output once all exited 0; the first failure (or the deadline) kills the others at once, so
-    a process left waiting at a barrier for a dead peer never outlives the test."""
-    logs = [tempfile.TemporaryFile("w+") for _ in procs]
-    threads = [threading.Thread(target=lambda p=p, f=f: shutil.copyfileobj(p.stdout, f)) for p, f in zip(procs, logs)]
-    for t in threads:
-        t.start()
-    failed = None
-    while failed is None and any(p.poll() is None for p in procs):
-        failed = next((p for p in procs if p.poll() not in (None, 0)), None)
-        if time.monotonic() > deadline:
-            failed = "timeout"
-        time.sleep(0.2)
-    failed = failed or next((p for p in procs if p.returncode != 0), None)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()  # SIGKILL: jax.distributed's preemption notifier catches SIGTERM
-        p.wait()
-    for t in threads:
-        t.join()
-    outs = []
-    for f in logs:
-        f.seek(0)
-        outs.append(f.read())
-    if failed == "timeout":
-        pytest.fail(f"the workers ran past {TIMEOUT} s and were killed:\n" + "\n".join(o[-2000:] for o in outs))
-    if failed is not None:
-        pytest.fail("a worker failed:\n" + "\n---\n".join(o[-4000:] for o in outs))
-    return outs
+#: The background job's directory (tests/background.py: played from collection on, beside the in-process tests).
+PAIR = BACKGROUND.base / "distributed"
+BACKGROUND.register("distributed", ["-m", "tests.distributed_worker", "--pair", str(PAIR)])
 
 
 def _tree(path):
@@ -102,18 +48,13 @@ def _metrics(run_dir):
     return [{k: v for k, v in r.items() if k not in TIMED} for r in rows]
 
 
-def test_two_processes_equal_one_process_of_the_same_mesh(tmp_path):
-    deadline = time.monotonic() + TIMEOUT
-    port = _free_port()
+@pytest.mark.background("distributed")
+def test_two_processes_equal_one_process_of_the_same_mesh():
+    proc = BACKGROUND.get("distributed")  # tests.distributed_worker --pair: the three runs, bounded, killed past it
+    assert proc.returncode == 0, (proc.stdout or "")[-2000:] + (proc.stderr or "")[-6000:]
+    tmp_path = PAIR
     dist = tmp_path / "dist"
     ref = tmp_path / "ref"
-    # The 1-process reference runs beside the 2 processes: their compiles are single-threaded, so the three
-    # overlap on 2 cores (about a third less wall time than one after the other).
-    procs = [
-        _start(dist, tmp_path / f"dist{i}.npz", "--devices", 2, "--processes", 2, "--process-id", i, "--port", port)
-        for i in range(2)
-    ] + [_start(ref, tmp_path / "ref.npz", "--devices", 4)]
-    _wait(procs, deadline)
 
     want = _tree(tmp_path / "ref.npz")
     for i in range(2):
@@ -162,9 +103,9 @@ def test_bad_input_is_refused_before_compute():
 
 def test_unreachable_coordinator_fails_within_the_timeout(tmp_path):
     """Process 1 of 2 whose coordinator never comes up exits (non-zero) within its timeout, naming the address."""
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
-    p = _start(
+    p = start(
         tmp_path / "x",
         tmp_path / "x.npz",
         "--devices",
