@@ -30,6 +30,8 @@ from pathlib import Path
 
 #: Rollouts per round, rounds, episode length (env steps).
 K, ROUNDS, STEPS = 4, 2, 8
+#: The update's learning rate (``MAGRPOConfig.smoke``'s; the test's adapter tolerance scales with it).
+LEARNING_RATE = 1e-2
 GAME = "overcooked_aa"
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds for the three runs of :func:`pair` together; past it they are killed and the job fails.
@@ -162,7 +164,7 @@ def main(argv=None):
     roller.set_adapters(
         jax.tree.unflatten(treedef, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
     )
-    mcfg = magrpo.MAGRPOConfig.smoke(num_rollouts=K, temperature=1.0, kl_beta=0.5)
+    mcfg = magrpo.MAGRPOConfig.smoke(num_rollouts=K, temperature=1.0, kl_beta=0.5, learning_rate=LEARNING_RATE)
     tcfg = trainer.TrainConfig(rounds=ROUNDS, seed=0, skip_zero_advantage=False)
     if ctx is None:
         # One process over its D devices: the one-process context (the plain Trainer's update is on one device;
