@@ -175,12 +175,12 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
         ctx = distributed.from_settings(settings)
     except ValueError as e:
         raise InputError(str(e)) from None
-    cfg = config_from_args(game, args)
-    if ctx is not None:
-        check_split(cfg, ctx.num_processes)
-    from jaxopt_marl.pipeline import run
-
     try:
+        cfg = config_from_args(game, args)
+        if ctx is not None:
+            check_split(cfg, ctx.num_processes)
+        from jaxopt_marl.pipeline import run
+
         return run(
             cfg,
             Path(args.out) if args.out else None,

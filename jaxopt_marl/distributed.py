@@ -361,8 +361,9 @@ CLUSTER_MARKERS = (
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """A requested multi-process run, checked without JAX (:func:`requested`): all three settings given, or none
-    (``auto``: the cluster's own discovery, :data:`CLUSTER_MARKERS`)."""
+    """A requested multi-process run, checked without JAX (:func:`requested`): all three settings given, none
+    (``auto``: the cluster's own discovery, :data:`CLUSTER_MARKERS`), or one process (``num_processes`` 1: a
+    mesh over this process's devices, no coordinator)."""
 
     coordinator: str | None
     num_processes: int | None
@@ -371,7 +372,7 @@ class Settings:
 
     @property
     def auto(self) -> bool:
-        return self.coordinator is None
+        return self.coordinator is None and self.num_processes is None
 
 
 def requested(args) -> Settings | None:
@@ -401,6 +402,10 @@ def requested(args) -> Settings | None:
         all(v is None for v in got.values()) and any(os.environ.get(m) for m in CLUSTER_MARKERS)
     ):
         return Settings(None, None, None, timeout)
+    if got["num_processes"] is not None and str(got["num_processes"]).strip() == "1":
+        if got["process_id"] not in (None, 0, "0"):
+            raise ValueError(f"--distributed: process id {got['process_id']} is outside 0..0")
+        return Settings(None, 1, 0, timeout)  # one process over all its devices: no coordinator needed
     missing = [k for k, v in got.items() if v is None]
     if missing:
         what = "; ".join(f"--{k.replace('_', '-')} or {' / '.join(names[k])}" for k in missing)
@@ -426,8 +431,12 @@ def requested(args) -> Settings | None:
 
 def from_settings(settings: Settings | None) -> Context | None:
     """:func:`initialize` with :func:`requested`'s settings (None: not distributed)."""
+    global _CURRENT
     if settings is None:
         return None
+    if settings.num_processes == 1:  # one process: its devices' mesh, no jax.distributed service
+        _CURRENT = _CURRENT or single()
+        return _CURRENT
     return initialize(settings.coordinator, settings.num_processes, settings.process_id, timeout=settings.timeout)
 
 

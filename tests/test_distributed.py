@@ -31,6 +31,7 @@ process restoring the same orbax checkpoint is covered too.
 """
 
 import json
+import os
 import subprocess
 import time
 
@@ -178,3 +179,22 @@ def test_entry_point_refuses_bad_distributed_input_before_joining(no_cluster, mo
     with pytest.raises(InputError, match=r"process id 4 is outside 0..1"):
         common.main("cleanup", [*out, "--process-id", "4"])
     assert distributed.current() is None and not (tmp_path / "run").exists()
+
+
+def test_settings_of_one_process_need_no_coordinator(no_cluster):
+    """``--distributed --num-processes 1``: one process on a mesh of all its devices (the reference of a
+    multi-process run), no coordinator; a cluster manager's variable alone leaves the discovery to JAX."""
+    import argparse
+
+    from jaxopt_marl import distributed
+
+    ns = lambda **kw: argparse.Namespace(**{"distributed": True, **kw})  # noqa: E731
+    assert distributed.requested(ns(num_processes=1)) == distributed.Settings(None, 1, 0)
+    assert distributed.requested(argparse.Namespace(distributed=False)) is None
+    with pytest.raises(ValueError, match=r"process id 1 is outside 0..0"):
+        distributed.requested(ns(num_processes=1, process_id=1))
+    os.environ["SLURM_JOB_ID"] = "1"
+    try:
+        assert distributed.requested(ns()).auto
+    finally:
+        del os.environ["SLURM_JOB_ID"]
