@@ -22,10 +22,14 @@ the real prompts), and the same process also times the round (``prepare`` + ``up
 stripped into ``DecisionBatch.prefix`` -- run once per adapter and differentiated through ``jax.vjp``
 (:mod:`jaxopt_marl.train_step`) -- and prints the speed-up over the whole-row round.
 
-``--processes P`` (issue #17): the same global batch, its update over the global mesh of P local processes
-joined by ``jax.distributed`` on 127.0.0.1 (gloo CPU collectives, one virtual CPU device each; on a GPU host one
-GPU each): the parent starts the P processes, process 0 prints the table, with ``scaling_efficiency`` = (the
-one-process update time, timed by the parent first in a child of its own) / (P x the P-process one).
+``--processes P [P ...]`` (issue #17): the same global batch, its update over the global mesh of P local
+processes joined by ``jax.distributed`` on 127.0.0.1 (gloo CPU collectives, ``--devices-per-process D`` virtual
+CPU devices each, default 2). The parent times, each in children of its own and in this order: the baseline (one
+process of D devices), then for each P > 1 one process of P x D devices (the same mesh without the process
+boundary) and P processes of D devices; it prints one row per run with ``ratio`` = baseline update time / this
+one, ``scaling_efficiency`` = baseline / (P x this one) (1.0: P processes bring P times the throughput) and
+``vs_one_process`` = (one process of P x D devices) / (P processes): the cost of the processes and gloo alone. On
+one CPU the virtual devices share its cores, so the efficiency is bounded by cores / (P x D), not by the run.
 
 Example (the CPU figure in BENCHMARKS.md, prompt shape of the Cleanup runs: 110-token system turn, ~245
 more): ``python -m experiments.bench train --shape smollm2_135m --dtype float32 --decisions 32
@@ -99,13 +103,31 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--out", default=None)
-    p.add_argument("--processes", type=int, default=1, help="local jax.distributed processes (same global batch)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="local jax.distributed process counts to time (same global batch; e.g. 1 2 4)",
+    )
+    p.add_argument(
+        "--devices-per-process", type=int, default=2, help="virtual CPU devices of each process (--processes)"
+    )
     p.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    positive("--processes", a.processes)
-    if a.processes > 1 and a.process_id is None:
+    for n in a.processes:
+        positive("--processes", n)
+    positive("--devices-per-process", a.devices_per_process)
+    if a.process_id is None and (len(a.processes) > 1 or a.processes[0] > 1):
+        for n in a.processes:  # before any child starts
+            if a.decisions % (n * a.devices_per_process):
+                p.error(
+                    f"--decisions {a.decisions} rows do not split over {n} processes x {a.devices_per_process} "
+                    f"devices: give a multiple of {n * a.devices_per_process}"
+                )
         return _launch(a, list(argv or []))
+    a.processes = a.processes[0]
     ctx = None
     if a.process_id is not None:
         from jaxopt_marl import distributed
@@ -245,51 +267,85 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _launch(a, argv: list[str]) -> None:
-    """``--processes P``: times one process first, then P processes on 127.0.0.1 (each a child with one
-    virtual CPU device), and prints process 0's table with the scaling efficiency."""
+    """``--processes P ...``: the baseline (one process of D devices), then per P > 1 one process of P x D devices
+    and P processes of D devices on 127.0.0.1 (each a child); prints one row per run and the figures of the module
+    docstring."""
     import os
     import socket
     import subprocess
     import sys
     import tempfile
 
-    def start(n: int, i: int | None, port: int, out: str):
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-        rest, skip = [], False  # the caller's flags without --processes / --out (and their values)
-        for x in argv:
-            if skip:
-                skip = False
-            elif x in ("--processes", "--out"):
-                skip = True
-            elif not x.startswith(("--processes=", "--out=")):
-                rest.append(x)
-        cmd = [sys.executable, "-m", "experiments.bench", "train", *rest, "--processes", str(n), "--out", out]
-        if i is not None:
-            cmd += ["--process-id", str(i), "--port", str(port)]
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rest, skip = [], False  # the caller's flags without --processes / --out / --devices-per-process
+    for x in argv:
+        if skip and x.startswith("-"):
+            skip = False
+        if skip:
+            continue
+        if x in ("--processes", "--out", "--devices-per-process"):
+            skip = True
+        elif not x.startswith(("--processes=", "--out=", "--devices-per-process=")):
+            rest.append(x)
+    d = a.devices_per_process
 
-    with tempfile.TemporaryDirectory() as tmp:
-        one = start(1, None, 0, f"{tmp}/one.json")
-        out, _ = one.communicate(timeout=3600)
-        if one.returncode:
-            raise SystemExit(f"the one-process run failed:\n{out[-3000:]}")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = [start(a.processes, i, port, f"{tmp}/p{i}.json") for i in range(a.processes)]
+    def run(n: int, devices: int, tmp: str) -> dict:
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        port = 0
+        if n > 1:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        tag = f"{n}x{devices}"
+        procs = []
+        for i in range(n):
+            cmd = [sys.executable, "-m", "experiments.bench", "train", *rest, "--processes", str(n)]
+            cmd += ["--out", f"{tmp}/{tag}-{i}.json"]
+            if n > 1:
+                cmd += ["--process-id", str(i), "--port", str(port)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=3600)[0] for p in procs]
         if any(p.returncode for p in procs):
-            raise SystemExit("a process failed:\n" + "\n".join(o[-2000:] for o in outs))
-        with open(f"{tmp}/one.json") as f:
-            t1 = json.load(f)["update_s"]
-        with open(f"{tmp}/p0.json") as f:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            raise SystemExit(f"the {n}-process run failed:\n" + "\n".join(o[-2000:] for o in outs))
+        with open(f"{tmp}/{tag}-0.json") as f:
             res = json.load(f)
-    res |= {"update_s_1_process": t1, "scaling_efficiency": t1 / (a.processes * res["update_s"])}
-    for k, v in res.items():
-        print(f"{k:24s} {v:.4g}" if isinstance(v, float) else f"{k:24s} {v}")
+        print(f"timed {n} process(es) x {devices} device(s): update {res['update_s']:.4g} s", flush=True)
+        return res
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = run(1, d, tmp)
+        rows.append(dict(processes=1, devices=d, update_s=base["update_s"]))
+        for n in [n for n in dict.fromkeys(a.processes) if n > 1]:
+            one = run(1, n * d, tmp)
+            many = run(n, d, tmp)
+            rows.append(dict(processes=1, devices=n * d, update_s=one["update_s"]))
+            rows.append(dict(processes=n, devices=n * d, update_s=many["update_s"], vs_one_process=one["update_s"]))
+    t0 = base["update_s"]
+    for r in rows:
+        r["tokens_per_s"] = base["tokens"] / r["update_s"]
+        r["ratio"] = t0 / r["update_s"]
+        r["scaling_efficiency"] = t0 / (r["processes"] * r["update_s"])
+        if "vs_one_process" in r:
+            r["vs_one_process"] = r["vs_one_process"] / r["update_s"]
+    print(
+        f"{base['shape']} {base['dtype']}, {base['decisions']} decisions x ({base['prompt_len']} + "
+        f"{base['response_len']}) tokens, {base['agents']} agents, rank {base['rank']}, {base['device']}"
+    )
+    print(
+        f"{'processes':>9} {'devices':>7} {'update_s':>9} {'tokens/s':>9} {'ratio':>6} {'efficiency':>10} {'vs 1 proc':>9}"
+    )
+    for r in rows:
+        vs = f"{r['vs_one_process']:.3f}" if "vs_one_process" in r else "-"
+        print(
+            f"{r['processes']:>9} {r['devices']:>7} {r['update_s']:>9.4f} {r['tokens_per_s']:>9.0f} "
+            f"{r['ratio']:>6.3f} {r['scaling_efficiency']:>10.3f} {vs:>9}"
+        )
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump({"baseline": base, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

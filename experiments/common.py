@@ -9,13 +9,19 @@ Flags (each overrides the preset's value and is recorded in ``config.json``): ``
 ``--rounds``, ``--episode-steps``, ``--num-rollouts`` (``--rollouts``), ``--lora-rank``, ``--temperature``,
 ``--learning-rate``, ``--kl-beta``, ``--min-support``, ``--mode``, ``--eval-episodes``, ``--no-eval-base``,
 ``--eval-checkpoint``, ``--solo-episodes``, ``--chunking``; ``--keep-checkpoints`` (a disk setting, not recorded);
-``--debug``.
+``--debug``; ``--distributed`` with ``--coordinator`` / ``--num-processes`` / ``--process-id`` /
+``--distributed-timeout`` (one process of a multi-process run, :mod:`jaxopt_marl.distributed`; each setting
+defaults to its variable, ``JAXOPT_MARL_COORDINATOR`` / ``JAXOPT_MARL_NUM_PROCESSES`` / ``JAXOPT_MARL_PROCESS_ID``
+or JAX's ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; not recorded: a run's
+numbers do not depend on its process count beyond float summation order).
 
 Bad input (a bad flag value, unknown preset, game or layout, a model path without weights, a truncated or
 mismatched GGUF file, an unusable ``--out``, only corrupt checkpoints, a checkpoint of another LoRA rank, a
 corrupt ``guards.jsonl`` or differing flags on ``--resume``) fails before any compute, and before the run
 directory is written or deleted, with one line ``error: ...`` naming the file or value and the cause, and exit
-status 2 (``--debug``: the traceback too; :mod:`experiments.cli`).
+status 2 (``--debug``: the traceback too; :mod:`experiments.cli`). So do ``--distributed`` with some of its
+settings missing (each named, with its flag and variable) and a process count that does not divide K (K, the
+agents and the count named), before any process joins the run when the count is given.
 """
 
 from __future__ import annotations
@@ -105,6 +111,9 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
         help="main checkpoints kept on disk (>= 1, default 2; best/ holds one more); a corrupt newest "
         "checkpoint falls back to the previous one on --resume",
     )
+    from jaxopt_marl import distributed
+
+    distributed.add_arguments(ap)
     return ap
 
 
@@ -152,13 +161,46 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
         raise InputError(f"unknown preset {args.preset!r}; valid presets: {', '.join(PRESETS)}")
     if args.resume and args.force:
         raise InputError("--resume and --force exclude each other")
-    cfg = config_from_args(game, args)
-    from jaxopt_marl.pipeline import run
+    from jaxopt_marl import distributed
 
-    return run(
-        cfg,
-        Path(args.out) if args.out else None,
-        resume=args.resume,
-        force=args.force,
-        keep_checkpoints=args.keep_checkpoints,
-    )
+    try:
+        settings = distributed.requested(args)  # --distributed / the variables; checked before JAX starts
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if settings is not None and args.preset is not None:
+        # The process count is known before any process joins: a K it does not split is refused here.
+        check_split(config_from_args(game, args), settings.num_processes)
+    try:
+        # Before the default preset asks JAX for its backend (jax.distributed must come first).
+        ctx = distributed.from_settings(settings)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    try:
+        cfg = config_from_args(game, args)
+        if ctx is not None:
+            check_split(cfg, ctx.num_processes)
+        from jaxopt_marl.pipeline import run
+
+        return run(
+            cfg,
+            Path(args.out) if args.out else None,
+            resume=args.resume,
+            force=args.force,
+            keep_checkpoints=args.keep_checkpoints,
+            dist=ctx,
+        )
+    finally:
+        distributed.shutdown()
+
+
+def check_split(cfg: RunConfig, num_processes: int | None) -> None:
+    """InputError unless ``num_processes`` processes split the K rollouts of ``cfg`` (the numbers named;
+    :func:`jaxopt_marl.distributed.check_divides`)."""
+    if num_processes is None:  # the cluster's own discovery: known after jax.distributed.initialize
+        return
+    from jaxopt_marl import distributed
+
+    try:
+        distributed.check_divides(cfg.magrpo.num_rollouts, num_processes, cfg.num_agents)
+    except ValueError as e:
+        raise InputError(f"--distributed: {e}") from None

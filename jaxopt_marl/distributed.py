@@ -52,6 +52,12 @@ ENV_NUM_PROCESSES = ("JAXOPT_MARL_NUM_PROCESSES", "JAX_NUM_PROCESSES")
 ENV_PROCESS_ID = ("JAXOPT_MARL_PROCESS_ID", "JAX_PROCESS_ID")
 #: Seconds a process waits for the others at :func:`initialize` (and at a barrier) before it fails.
 DEFAULT_TIMEOUT = 300
+#: Seconds a process waits at :meth:`Context.wait` while process 0 works alone (burn-in, evaluation, report).
+LONG_WAIT = 6 * 3600
+
+
+#: Times each :meth:`Context.wait` barrier name was used (a coordination-service barrier id is used once).
+_WAITS: dict[str, int] = {}
 
 
 def _env(names: Sequence[str]) -> str | None:
@@ -110,6 +116,44 @@ class Context:
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices(name)
+
+    def wait(self, name: str, timeout: float = None) -> None:
+        """Waits until every process reaches the barrier ``name``, at most ``timeout`` seconds (default
+        :data:`LONG_WAIT`): through the coordination service of :mod:`jax.distributed` (no device collective,
+        so nothing times out in gloo while process 0 evaluates alone). Nothing with one process.
+
+        Raises:
+            RuntimeError: the others did not arrive in time (the barrier and the timeout named), or one died.
+        """
+        if not self.multi:
+            return
+        from jax._src import distributed as jax_dist
+
+        timeout = LONG_WAIT if timeout is None else timeout
+        client = jax_dist.global_state.client
+        if client is None:  # a cluster whose processes were not joined through jax.distributed.initialize
+            self.barrier(name)
+            return
+        n = _WAITS[name] = _WAITS.get(name, 0) + 1  # every process calls the same barriers in the same order
+        try:
+            client.wait_at_barrier(f"jaxopt_marl:{name}:{n}", int(timeout * 1000))
+        except Exception as e:  # XLA status errors
+            raise RuntimeError(
+                f"distributed: process {self.process_id} waited {timeout:g} s for the others at {name!r} "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            ) from e
+
+    def agree(self, error: str | None) -> None:
+        """Every process's verdict on its checks before any compute: raises in every process if one of them
+        found bad input (``error``: its message, None: fine), naming the process, so none is left waiting for
+        a peer that stopped. Nothing with one process but raising ``error``."""
+        errors = self.allgather_json(error) if self.multi else [error]
+        bad = [(p, e) for p, e in enumerate(errors) if e is not None]
+        if bad:
+            if error is not None:
+                raise ValueError(error)
+            p, e = bad[0]
+            raise ValueError(f"process {p} refused the run: {e}")
 
     def allgather(self, x: np.ndarray) -> np.ndarray:
         """``[P, ...]``: every process's ``x`` (same shape and dtype everywhere), in process order."""
@@ -177,14 +221,20 @@ def to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def check_divides(k: int, num_processes: int) -> None:
-    """Refuses (before any compute) a rollout count K that does not split evenly over the processes."""
+def check_divides(k: int, num_processes: int, num_agents: int | None = None) -> None:
+    """Refuses (before any compute) a rollout count K that does not split evenly over the processes.
+
+    A process plays whole joint rollouts (all agents of an episode act in one program), so the unit split over
+    the processes is the rollout: K must be a multiple of P; then the round's K x agents decisions split evenly
+    too. ``num_agents`` only adds the K x agents figure to the message.
+    """
     if num_processes < 1:
         raise ValueError(f"the process count must be >= 1, got {num_processes}")
     if k % num_processes:
+        rows = f" (K x agents = {k} x {num_agents} = {k * num_agents} decisions a wave)" if num_agents else ""
         raise ValueError(
-            f"K={k} rollouts do not split over {num_processes} processes: K must be a multiple of the process "
-            f"count (e.g. K={num_processes * max(1, -(-k // num_processes))})"
+            f"K={k} rollouts{rows} do not split over {num_processes} processes: each process plays whole joint "
+            f"rollouts, so K must be a multiple of the process count (e.g. K={num_processes * max(1, -(-k // num_processes))})"
         )
 
 
@@ -297,13 +347,103 @@ def add_arguments(parser) -> None:
     )
 
 
-def from_args(args) -> Context | None:
-    """:func:`initialize` from the flags of :func:`add_arguments` (None: no flag given, not distributed). Call it
-    before any JAX computation."""
-    given = [getattr(args, n, None) for n in ("coordinator", "num_processes", "process_id")]
-    if not getattr(args, "distributed", False) and all(v is None for v in given):
+#: Variables that say a cluster manager started this process (:func:`jax.distributed.initialize` then finds the
+#: coordinator, the process count and the id by itself): SLURM, Open MPI, Cloud TPU.
+CLUSTER_MARKERS = (
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_SIZE",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_WORKER_ID",
+    "CLOUD_TPU_TASK_ID",
+    "TPU_ACCELERATOR_TYPE",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A requested multi-process run, checked without JAX (:func:`requested`): all three settings given, none
+    (``auto``: the cluster's own discovery, :data:`CLUSTER_MARKERS`), or one process (``num_processes`` 1: a
+    mesh over this process's devices, no coordinator)."""
+
+    coordinator: str | None
+    num_processes: int | None
+    process_id: int | None
+    timeout: int = DEFAULT_TIMEOUT
+
+    @property
+    def auto(self) -> bool:
+        return self.coordinator is None and self.num_processes is None
+
+
+def requested(args) -> Settings | None:
+    """The multi-process settings of the flags of :func:`add_arguments` and the environment, checked before JAX
+    starts (None: not distributed: no ``--distributed``, no setting flag and none of the variables).
+
+    Each setting is its flag, else the first of its variables (:data:`ENV_COORDINATOR`, :data:`ENV_NUM_PROCESSES`,
+    :data:`ENV_PROCESS_ID`). With none of the three, the run is left to the cluster's own discovery if a
+    cluster manager's variable is set (:data:`CLUSTER_MARKERS`) or the coordinator is ``auto``.
+
+    Raises:
+        ValueError: only some of the settings given, or none outside a cluster (each missing one named with its
+            flag and variable); a process count < 1, an id outside ``0..P-1``, a coordinator without a port.
+    """
+    flags = {
+        "coordinator": getattr(args, "coordinator", None),
+        "num_processes": getattr(args, "num_processes", None),
+        "process_id": getattr(args, "process_id", None),
+    }
+    names = {"coordinator": ENV_COORDINATOR, "num_processes": ENV_NUM_PROCESSES, "process_id": ENV_PROCESS_ID}
+    env = {k: _env(names[k]) for k in flags}
+    if not getattr(args, "distributed", False) and all(v is None for v in (*flags.values(), *env.values())):
         return None
-    return initialize(*given, timeout=getattr(args, "distributed_timeout", DEFAULT_TIMEOUT))
+    got = {k: flags[k] if flags[k] is not None else env[k] for k in flags}
+    timeout = int(getattr(args, "distributed_timeout", DEFAULT_TIMEOUT) or DEFAULT_TIMEOUT)
+    if got["coordinator"] == "auto" or (
+        all(v is None for v in got.values()) and any(os.environ.get(m) for m in CLUSTER_MARKERS)
+    ):
+        return Settings(None, None, None, timeout)
+    if got["num_processes"] is not None and str(got["num_processes"]).strip() == "1":
+        if got["process_id"] not in (None, 0, "0"):
+            raise ValueError(f"--distributed: process id {got['process_id']} is outside 0..0")
+        return Settings(None, 1, 0, timeout)  # one process over all its devices: no coordinator needed
+    missing = [k for k, v in got.items() if v is None]
+    if missing:
+        what = "; ".join(f"--{k.replace('_', '-')} or {' / '.join(names[k])}" for k in missing)
+        raise ValueError(
+            f"--distributed: {', '.join(missing)} not set ({what}); give all three, or run under a cluster "
+            f"manager that sets its own (one of {', '.join(CLUSTER_MARKERS)}), or --coordinator auto"
+        )
+    try:
+        num, pid = int(got["num_processes"]), int(got["process_id"])
+    except ValueError:
+        raise ValueError(
+            f"--distributed: the process count and id must be integers, got {got['num_processes']!r} and "
+            f"{got['process_id']!r}"
+        ) from None
+    if num < 1:
+        raise ValueError(f"--distributed: the process count must be >= 1, got {num}")
+    if not 0 <= pid < num:
+        raise ValueError(f"--distributed: process id {pid} is outside 0..{num - 1}")
+    if ":" not in str(got["coordinator"]):
+        raise ValueError(f"--distributed: the coordinator address needs a port (host:port), got {got['coordinator']!r}")
+    return Settings(str(got["coordinator"]), num, pid, timeout)
+
+
+def from_settings(settings: Settings | None) -> Context | None:
+    """:func:`initialize` with :func:`requested`'s settings (None: not distributed)."""
+    global _CURRENT
+    if settings is None:
+        return None
+    if settings.num_processes == 1:  # one process: its devices' mesh, no jax.distributed service
+        _CURRENT = _CURRENT or single()
+        return _CURRENT
+    return initialize(settings.coordinator, settings.num_processes, settings.process_id, timeout=settings.timeout)
+
+
+def from_args(args) -> Context | None:
+    """:func:`initialize` from the flags of :func:`add_arguments` and the environment (None: not distributed;
+    :func:`requested`). Call it before any JAX computation."""
+    return from_settings(requested(args))
 
 
 def shutdown() -> None:
@@ -358,18 +498,23 @@ def gather_traces(ctx: Context, traces: list[dict], rollout_offset: int) -> list
 
 __all__ = [
     "BATCH_FIELDS",
+    "CLUSTER_MARKERS",
     "DEFAULT_TIMEOUT",
     "ENV_COORDINATOR",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",
+    "LONG_WAIT",
     "Context",
+    "Settings",
     "add_arguments",
     "check_divides",
     "from_args",
+    "from_settings",
     "current",
     "gather_traces",
     "initialize",
     "merge_decisions",
+    "requested",
     "shutdown",
     "single",
     "to_host",

@@ -189,6 +189,8 @@ def choose_adapters(cfg: RunConfig, tr, policy) -> CheckpointChoice:
         print(f"warning: no best/ checkpoint in {tr.run_dir}; evaluating the final adapters", file=sys.stderr)
         return dataclasses.replace(ck, checkpoint_rule="final adapters (last round): no best/ checkpoint")
     best_adapters, best_round, best_return = best
+    if getattr(tr, "dist", None) is not None:  # a multi-process run's global arrays: this process's copy
+        best_adapters = tr.dist.local(best_adapters)
     policy.set_adapters(best_adapters)
     return dataclasses.replace(
         ck, checkpoint_rule=CHECKPOINT_RULE, checkpoint_round=best_round, checkpoint_train_return=best_return

@@ -118,16 +118,56 @@ def run(
     force: bool = False,
     progress: bool = True,
     keep_checkpoints: int = 2,
+    dist=None,
 ) -> Path:
     """Runs the whole pipeline into ``out`` (default ``runs/<game>-<preset>-s<seed>``); returns the run directory.
 
     ``keep_checkpoints``: main checkpoints kept on disk (>= 1; ``best/`` holds one more); a disk setting, not a
     hyper-parameter, so it is not part of :class:`RunConfig` / ``config.json`` and may change on ``--resume``.
 
+    ``dist``: this process's :class:`jaxopt_marl.distributed.Context` in a multi-process run (None: alone). Every
+    process makes every check; they agree on the verdict (bad input in one stops all, naming it) before process 0
+    alone clears and writes the run directory (``config.json``, burn-in, ``guards.jsonl``; the others wait, then
+    read ``guards.jsonl``). Each process plays its share ``K / P`` of every round's rollouts and the update runs
+    over the global mesh (:class:`jaxopt_marl.trainer.Trainer`: every process saves and restores the orbax
+    checkpoints, process 0 writes ``metrics.jsonl`` and ``decisions/``). Every process restores the evaluated
+    adapters (``best/``: an orbax restore is collective); process 0 alone then plays the evaluation, the solo
+    test, the GIF and the report while the others wait at a barrier (:meth:`~jaxopt_marl.distributed.Context.wait`):
+    they are forward passes of a few episodes, whose files need every episode's trajectory in one process.
+
     Raises:
         InputError: bad input (module docstring), before any compute and before ``out`` is written or deleted.
     """
+    if dist is None or not dist.multi:
+        return _run(cfg, out, resume, force, progress, keep_checkpoints, dist, lambda: None)
+    agreed = []
+
+    def agree():
+        dist.agree(None)
+        agreed.append(True)
+
+    try:
+        return _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree)
+    except InputError as e:
+        if agreed:
+            raise
+        msg = str(e.code).removeprefix("error: ")
+        try:
+            dist.agree(msg)  # the others learn of it and stop too
+        except ValueError:
+            pass
+        raise
+
+
+def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Path:
+    """:func:`run`'s body; ``agree()`` is called once every check has passed, before the first write."""
     t_start = time.perf_counter()
+    writer = dist is None or dist.is_writer()
+
+    def wait(name: str) -> None:  # the other processes wait while process 0 writes or plays alone
+        if dist is not None:
+            dist.wait(name)
+
     out = Path(out or f"runs/{cfg.game}-{cfg.preset}-s{cfg.seed}")
     # 0. Every check that needs no compute.
     preflight.check_out_dir(out)
@@ -191,14 +231,24 @@ def run(
         prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps)
     except ValueError as e:
         raise InputError(str(e)) from None
-    if force:
-        preflight.clear_run_dir(out)  # every check has passed
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(cfg, out)
+    try:
+        agree()  # several processes: bad input in any stops every one, before anything is written
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if writer:
+        if force:
+            preflight.clear_run_dir(out)  # every check has passed
+        out.mkdir(parents=True, exist_ok=True)
+        write_config(cfg, out)
+    wait("run-dir")
 
     # 1. Burn-in and guards (on --resume: those loaded in step 0a).
     if guards is not None:
         print(f"burn-in: reusing {bdir} ({len(guards)} guards)")
+    elif not writer:  # process 0 plays the burn-in and writes the guards; the others read them
+        wait("burnin")
+        guards = G.load_guards(guard_path, lib.option_names, lib.vocab, reasons=lib.reasons)
+        print(f"burn-in: process 0's {guard_path} ({len(guards)} guards)")
     else:
         steps = cfg.burnin_steps or cfg.episode_steps
         res = burnin.run_burnin(
@@ -225,13 +275,17 @@ def run(
             min_support=cfg.min_support,
         )
         print(f"burn-in: {res.decisions} decisions in {res.seconds:.1f} s; {len(guards)} guards -> {guard_path}")
+        if dist is not None:
+            wait("burnin")
     compiled = G.compile_guards(guards, lib.vocab)
 
     # 2. Policy and trainer. The compiled rollout (one jitted program per call of K episodes, LLM included) also
     # plays the evaluation, the frozen base and the solo test, in calls of K.
     mcfg = cfg.magrpo
+    # Several processes: each plays its share of the K rollouts (K / P, checked by the command line) in one call.
+    batch = mcfg.num_rollouts // (1 if dist is None else dist.num_processes)
     try:
-        chunks = ChunkConfig.single(mcfg.num_rollouts * cfg.num_agents) if cfg.chunking == "single" else None
+        chunks = ChunkConfig.single(batch * cfg.num_agents) if cfg.chunking == "single" else None
         roller = CompiledRoller(
             cfg.game,
             env,
@@ -241,7 +295,7 @@ def run(
             tok,
             pcfg,
             menu_seed=cfg.seed,
-            batch=mcfg.num_rollouts,
+            batch=batch,
             chunks=chunks,
             prompt=prompt,
         )
@@ -259,6 +313,7 @@ def run(
             keep_checkpoints=keep_checkpoints,
             update_progress=progress,
         ),
+        dist=dist,
     )
     if resume:
         try:
@@ -279,7 +334,12 @@ def run(
     tr.train(progress=progress, on_round=show)
 
     # 4. Evaluation on held-out seeds (trained adapters, then the frozen base on the same menus), solo test, GIF.
+    # Several processes: all restore the adapters (collective), process 0 alone plays and writes (run's docstring).
     ck = evaluation.choose_adapters(cfg, tr, policy)
+    if not writer:
+        wait("evaluation")
+        print(f"total wall time {time.perf_counter() - t_start:.0f} s (process {dist.process_id}: training only)")
+        return out
     print(
         f"eval adapters: {ck.checkpoint_rule}, round {ck.checkpoint_round}"
         + (f" (training return {ck.checkpoint_train_return:.2f})" if ck.checkpoint_train_return is not None else "")
@@ -314,6 +374,7 @@ def run(
     for f in RUN_FILES:
         if (out / f).exists():
             print(f"wrote {out / f}" + (" (report: jaxopt_marl.report)" if f == "report.md" else ""))
+    wait("evaluation")
     return out
 
 

@@ -1,6 +1,11 @@
 """One process of ``tests/test_distributed.py`` (run as ``python -m tests.distributed_worker``; XLA_FLAGS must be
 set before JAX starts, hence a fresh interpreter per process).
 
+``python -m tests.distributed_worker --pair DIR`` (the background job ``distributed`` of ``tests/test_distributed.py``,
+:func:`pair`) starts the three runs that test compares, side by side, each a fresh interpreter, and waits for them
+(at most :data:`TIMEOUT` seconds; the first failure kills the others): 2 processes of 2 devices into ``DIR/dist``
+(``DIR/dist0.npz``, ``DIR/dist1.npz``) and 1 process of 4 into ``DIR/ref`` (``DIR/ref.npz``).
+
 ``python -m tests.distributed_worker RUN_DIR OUT.npz --devices D [--processes P --process-id I --port PORT]``
 trains :data:`ROUNDS` rounds of the tiny model on Overcooked (K = :data:`K`) with D virtual CPU devices in this
 process and writes the final adapters and optimizer state (NumPy leaves, ``a0..``, ``o0..``) to ``OUT.npz``:
@@ -14,14 +19,101 @@ process and writes the final adapters and optimizer state (NumPy leaves, ``a0..`
 
 import argparse
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
 #: Rollouts per round, rounds, episode length (env steps).
 K, ROUNDS, STEPS = 4, 2, 8
+#: The update's learning rate (``MAGRPOConfig.smoke``'s; the test's adapter tolerance scales with it).
+LEARNING_RATE = 1e-2
 GAME = "overcooked_aa"
+ROOT = Path(__file__).resolve().parents[1]
+#: Seconds for the three runs of :func:`pair` together; past it they are killed and the job fails.
+TIMEOUT = 600
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback address (the only address the runs use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*args):
+    """One worker (``python -m tests.distributed_worker ARGS``), stdout and stderr together."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("XLA_FLAGS", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.distributed_worker", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait(procs, deadline):
+    """``(failure, outputs)``: None, "timeout" or the first failed process, and every worker's output. The first
+    failure (or the deadline) kills the others at once, so a process left waiting at a barrier for a dead peer
+    never outlives the job."""
+    logs = [tempfile.TemporaryFile("w+") for _ in procs]
+    threads = [threading.Thread(target=lambda p=p, f=f: shutil.copyfileobj(p.stdout, f)) for p, f in zip(procs, logs)]
+    for t in threads:
+        t.start()
+    failed = None
+    while failed is None and any(p.poll() is None for p in procs):
+        failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+        if time.monotonic() > deadline:
+            failed = "timeout"
+        time.sleep(0.2)
+    failed = failed or next((p for p in procs if p.returncode != 0), None)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()  # SIGKILL: jax.distributed's preemption notifier catches SIGTERM
+        p.wait()
+    for t in threads:
+        t.join()
+    outs = []
+    for f in logs:
+        f.seek(0)
+        outs.append(f.read())
+    return failed, outs
+
+
+def pair(out: Path) -> int:
+    """The comparison's three runs (module docstring); exit status 0 when all three finished."""
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + TIMEOUT
+    port = free_port()
+    # The 1-process reference runs beside the 2 processes: their compiles are single-threaded, so the three
+    # overlap on 2 cores (about a third less wall time than one after the other).
+    procs = [
+        start(out / "dist", out / f"dist{i}.npz", "--devices", 2, "--processes", 2, "--process-id", i, "--port", port)
+        for i in range(2)
+    ] + [start(out / "ref", out / "ref.npz", "--devices", 4)]
+    failed, outs = wait(procs, deadline)
+    if failed == "timeout":
+        print(f"the workers ran past {TIMEOUT} s and were killed:", file=sys.stderr)
+    elif failed is not None:
+        print("a worker failed:", file=sys.stderr)
+    if failed is not None:
+        print("\n---\n".join(o[-4000:] for o in outs), file=sys.stderr)
+        return 1
+    print(outs[0][-2000:])
+    return 0
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--pair"]:
+        raise SystemExit(pair(Path(argv[1])))
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
     ap.add_argument("out")
@@ -72,7 +164,7 @@ def main(argv=None):
     roller.set_adapters(
         jax.tree.unflatten(treedef, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
     )
-    mcfg = magrpo.MAGRPOConfig.smoke(num_rollouts=K, temperature=1.0, kl_beta=0.5)
+    mcfg = magrpo.MAGRPOConfig.smoke(num_rollouts=K, temperature=1.0, kl_beta=0.5, learning_rate=LEARNING_RATE)
     tcfg = trainer.TrainConfig(rounds=ROUNDS, seed=0, skip_zero_advantage=False)
     if ctx is None:
         # One process over its D devices: the one-process context (the plain Trainer's update is on one device;
