@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,7 @@ class Background:
         atexit.register(self._stop)
         self.cond = threading.Condition()
         self.specs, self.queue, self.done = {}, [], {}
+        self.seconds = {}  # name -> wall seconds the job ran (in the order they finished)
         self.running, self.proc, self.thread = None, None, None
 
     def register(self, name, argv, env=None):
@@ -59,6 +61,7 @@ class Background:
                 name = self.running = self.queue.pop(0)
                 argv, extra = self.specs[name]
             env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+            t0 = time.monotonic()
             try:
                 with self.cond:
                     self.proc = subprocess.Popen(
@@ -78,6 +81,7 @@ class Background:
             with self.cond:
                 self.proc = self.running = None
                 self.done[name] = result
+                self.seconds[name] = time.monotonic() - t0
                 self.cond.notify_all()
 
     def _stop(self):

@@ -14,10 +14,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import jax
-import pytest
+# Compiles are most of the suite's time (a compiled rollout: 25-35 s of XLA per configuration on CI's CPU), and
+# the tests' programs are small, so the tests (and, through the environment, their subprocess jobs) compile with
+# JAX's own low-optimisation switch: LLVM optimisation level 0, no expensive LLVM passes (jax._src.compiler).
+# About 30% less compile time (tests/test_compiled_rollout.py::test_chunking_does_not_change_decisions: 97 s ->
+# 69 s). Every assertion holds either way: the exact ones compare a program with itself or integer results, the
+# float ones are bounded by float32 error (tests/helpers.py), not by one compiler's rounding. A user's setting
+# (JAX_DISABLE_MOST_OPTIMIZATIONS=0) is kept.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
-from tests.background import BACKGROUND
+import jax  # noqa: E402  (after the environment above, which JAX reads at import)
+import pytest  # noqa: E402
+
+from tests.background import BACKGROUND  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # The runs' persistent JAX compilation cache (jaxopt_marl.pipeline.run): one fresh directory per test process, so
@@ -89,6 +98,14 @@ def pytest_collection_modifyitems(session, config, items):
         for mark in item.iter_markers("background"):
             names.append(mark.args[0].format(**params))
     BACKGROUND.start(names)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The background jobs' wall times, so a slow suite shows whether the jobs or the in-process tests bound it."""
+    if BACKGROUND.seconds:
+        terminalreporter.write_sep("-", f"background jobs: {sum(BACKGROUND.seconds.values()):.0f} s in all")
+        for name, secs in BACKGROUND.seconds.items():
+            terminalreporter.write_line(f"{secs:8.1f}s  {name}")
 
 
 @pytest.fixture(scope="session")
