@@ -301,13 +301,12 @@ class RunConfig:
         return self.preset != "paper"
 
     @property
-    def overcooked(self) -> bool:
-        return self.game.startswith("overcooked")
-
-    @property
     def units(self) -> str:
-        """Units of the team return: soups delivered (Overcooked) or apples eaten (Cleanup, Harvest)."""
-        return "deliveries" if self.overcooked else "apples"
+        """Units of the team return (:attr:`jaxopt_marl.games.GameInfo.return_unit`): soups delivered
+        (Overcooked) or apples eaten (Cleanup, Harvest)."""
+        from jaxopt_marl.games import info
+
+        return info(self.game).return_unit
 
     def policy_config(self):
         """The rollouts' :class:`jaxopt_marl.rollout.PolicyConfig`: its temperature is :attr:`magrpo`'s (the one

@@ -188,10 +188,8 @@ class MAGRPOConfig:
         """§6.1 settings: Cleanup / Harvest (lr 5e-5, K 4, T 0.7) or Overcooked (lr 2e-5, K 6, T 0.9)."""
         from jaxopt_marl.config import PAPER, PAPER_UPDATE_KEYS  # the per-game values, declared once there
 
-        if game.startswith("overcooked"):
-            game = "overcooked_aa"
         if game not in PAPER:
-            raise ValueError(f"unknown game {game!r}; known: cleanup, harvest, overcooked_*")
+            raise ValueError(f"unknown game {game!r}; known: {', '.join(PAPER)}")
         base = {k: PAPER[game][k] for k in PAPER_UPDATE_KEYS}
         return cls(**{**base, **overrides})
 

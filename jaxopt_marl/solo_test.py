@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxopt_marl import audit
+from jaxopt_marl import audit, games
 from jaxopt_marl.config import RunConfig
 from jaxopt_marl.evaluation import CheckpointChoice, Evaluation
 
@@ -39,7 +39,7 @@ def run_solo_test(
             desc=f"solo agent {int(np.argmax(active))}",
             active=active,
         )
-        if cfg.overcooked:  # a delivery rewards every agent: own deliveries from the agent's decisions
+        if games.info(cfg.game).shared_reward:  # a delivery rewards every agent: own ones from the decisions
             own = np.stack(
                 [
                     audit.successes_per_agent([t for t in res.traces if t["rollout"] == b], num_agents=n_agents)
