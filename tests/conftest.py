@@ -78,6 +78,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "background(name): the test reads background job ``name`` (tests/conftest.py)")
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the tests that will run start jobs
 def pytest_collection_modifyitems(session, config, items):
     """Start the background jobs the selected tests will ask for, in the order they first ask (``smoke_run``:
     Overcooked AA's smoke run; ``smoke_runs``: the test's ``game`` parameter, else every game; the

@@ -6,6 +6,10 @@ set before JAX starts, hence a fresh interpreter per process).
 (at most :data:`TIMEOUT` seconds; the first failure kills the others): 2 processes of 2 devices into ``DIR/dist``
 (``DIR/dist0.npz``, ``DIR/dist1.npz``) and 1 process of 4 into ``DIR/ref`` (``DIR/ref.npz``).
 
+``python -m tests.distributed_worker --entry DIR -- ARGV...`` (the background job ``distributed-entry``,
+:func:`entry`) runs an entry point (``ARGV``: ``-m experiments.overcooked ...``) as 2 processes with
+``--distributed``.
+
 ``python -m tests.distributed_worker RUN_DIR OUT.npz --devices D [--processes P --process-id I --port PORT]``
 trains :data:`ROUNDS` rounds of the tiny model on Overcooked (K = :data:`K`) with D virtual CPU devices in this
 process and writes the final adapters and optimizer state (NumPy leaves, ``a0..``, ``o0..``) to ``OUT.npz``:
@@ -110,10 +114,43 @@ def pair(out: Path) -> int:
     return 0
 
 
+def entry(out: Path, argv: list[str]) -> int:
+    """The entry point itself as 2 processes of 1 CPU device each (the background job ``distributed-entry``):
+    ``python ARGV --out OUT/run --distributed --coordinator 127.0.0.1:PORT --num-processes 2 --process-id I``, side
+    by side, at most :data:`TIMEOUT` seconds. Each process's output goes to ``OUT/process<I>.log``; exit status 0
+    when both finished."""
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + TIMEOUT
+    coordinator = f"127.0.0.1:{free_port()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("XLA_FLAGS", None)  # one device per process
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *argv, "--out", str(out / "run"), "--distributed", "--coordinator", coordinator]
+            + ["--num-processes", "2", "--process-id", str(i)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    failed, outs = wait(procs, deadline)
+    for i, o in enumerate(outs):
+        (out / f"process{i}.log").write_text(o)
+    if failed is not None:
+        print(f"a process failed ({failed}):\n" + "\n---\n".join(o[-4000:] for o in outs), file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--pair"]:
         raise SystemExit(pair(Path(argv[1])))
+    if argv[:1] == ["--entry"]:  # --entry OUT -- ARGV...
+        raise SystemExit(entry(Path(argv[1]), argv[3:]))
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
     ap.add_argument("out")

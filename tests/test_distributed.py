@@ -1,6 +1,8 @@
 """Multi-process training (issue #17): 2 processes joined by ``jax.distributed`` on 127.0.0.1 (gloo CPU
 collectives), each with 2 virtual CPU devices, train 2 rounds of the tiny model and end with the adapters, the
-optimizer state and the ``metrics.jsonl`` of one process training on a mesh of 4 virtual CPU devices.
+optimizer state and the ``metrics.jsonl`` of one process training on a mesh of 4 virtual CPU devices. And the
+entry point itself (``python -m experiments.overcooked ... --distributed``, 2 processes of 1 device) writes, from
+process 0 alone, the run directory of the 1-process smoke run.
 
 Every run is a subprocess (``tests/distributed_worker.py``): ``XLA_FLAGS`` must be set before JAX starts. The
 processes meet at ``jax.distributed.initialize`` (bounded by ``--timeout``) and at a final barrier; the job kills
@@ -40,6 +42,7 @@ import numpy as np
 import pytest
 
 from tests.background import BACKGROUND
+from tests.conftest import SMOKE_COMMANDS
 from tests.distributed_worker import LEARNING_RATE, free_port, start
 from tests.helpers import assert_fp32_close
 
@@ -48,6 +51,13 @@ TIMED = ("perf/decisions_per_s", "perf/rollout_s", "perf/update_s", "perf/round_
 #: The background job's directory (tests/background.py: played from collection on, beside the in-process tests).
 PAIR = BACKGROUND.base / "distributed"
 BACKGROUND.register("distributed", ["-m", "tests.distributed_worker", "--pair", str(PAIR)])
+#: The entry point's 2-process run (tests.distributed_worker --entry): Overcooked AA's smoke run (tests/conftest.py).
+ENTRY = BACKGROUND.base / "distributed-entry"
+BACKGROUND.register(
+    "distributed-entry",
+    ["-m", "tests.distributed_worker", "--entry", str(ENTRY), "--", "-m", *SMOKE_COMMANDS["overcooked_aa"]]
+    + ["--preset", "smoke", "--model", "tiny-random"],
+)
 
 
 def _tree(path):
@@ -198,3 +208,46 @@ def test_settings_of_one_process_need_no_coordinator(no_cluster):
         assert distributed.requested(ns()).auto
     finally:
         del os.environ["SLURM_JOB_ID"]
+
+
+def _files(run_dir):
+    """The run's files (relative paths) outside the orbax checkpoint directories, whose layout is orbax's."""
+    skip = ("checkpoints", "best")
+    return sorted(
+        str(f.relative_to(run_dir))
+        for f in run_dir.rglob("*")
+        if f.is_file() and f.relative_to(run_dir).parts[0] not in skip
+    )
+
+
+def _untimed(tree):
+    """A JSON tree without its wall-time entries (keys ending in ``_s`` / ``per_s``, or named ``seconds``)."""
+    if isinstance(tree, dict):
+        return {k: _untimed(v) for k, v in tree.items() if not (k.endswith("_s") or "seconds" in k or k in TIMED)}
+    if isinstance(tree, list):
+        return [_untimed(v) for v in tree]
+    return tree
+
+
+@pytest.mark.background("distributed-entry")
+def test_entry_point_distributed_run_writes_the_single_process_run(smoke_run):
+    """``python -m experiments.overcooked --preset smoke --model tiny-random --distributed`` as 2 processes of 1
+    device: process 0 alone writes the run directory, and it holds what the 1-process smoke run of the same
+    command writes: the same files; the same guards, decisions of every round, metrics, solo test and evaluation
+    (wall times aside); the evaluation's decisions as the same lines (written in the processes' batches of K/P);
+    the same checkpoint steps, restorable by both processes."""
+    proc = BACKGROUND.get("distributed-entry")
+    assert proc.returncode == 0, (proc.stdout or "")[-2000:] + (proc.stderr or "")[-6000:]
+    ref, dist = smoke_run[0], ENTRY / "run"
+    assert _files(dist) == _files(ref)
+    for name in ("guards.jsonl", "decisions/round_0000.jsonl", "decisions/round_0001.jsonl"):
+        assert (dist / name).read_text() == (ref / name).read_text(), name
+    lines = lambda d: sorted((d / "decisions/eval.jsonl").read_text().splitlines())
+    assert lines(dist) == lines(ref) and lines(ref)
+    for name in ("solo.json", "eval.json"):
+        assert _untimed(json.loads((dist / name).read_text())) == _untimed(json.loads((ref / name).read_text())), name
+    assert _metrics(dist) == _metrics(ref)
+    steps = lambda d: sorted(x.name for x in (d / "checkpoints").iterdir() if x.name.isdigit())
+    assert steps(dist) == steps(ref) and steps(ref)
+    config = {k: v for k, v in json.loads((dist / "config.json").read_text()).items()}
+    assert config == json.loads((ref / "config.json").read_text())
