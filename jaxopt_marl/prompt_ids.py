@@ -427,6 +427,13 @@ class _KitchenTemplate:
             counter=np.where(rng.random((b, n_ctr)) < 0.5, 0, rng.integers(1, 4, (b, n_ctr))).astype(np.int32),
         )
 
+    @staticmethod
+    def _xy(e: _Emit, rc, cap: int) -> None:
+        """``x, y`` of a (row, col) position: column first, as the host prompt writes it."""
+        e.num(rc[1], cap)
+        e.lit(", ")
+        e.num(rc[0], cap)
+
     def rows(self, ids: PromptIds, e: _Emit, f: dict) -> None:
         """The kitchen's slots of the user message."""
         xp = e.xp
@@ -436,9 +443,7 @@ class _KitchenTemplate:
         e.lit("You are player ")
         e.num(aid, ids._cap_agent)
         e.lit(". World position: (")
-        e.num(pos[aid, 1], cxy)
-        e.lit(", ")
-        e.num(pos[aid, 0], cxy)
+        self._xy(e, pos[aid], cxy)
         e.lit(").\nFacing:")
         e.pick([f" {n}." for n in prompts.OC_FACING], facing[aid])
         e.lit(" Holding:")
@@ -446,9 +451,7 @@ class _KitchenTemplate:
         e.lit("Partner (player ")
         e.num(p, ids._cap_agent)
         e.lit("): pos=(")
-        e.num(pos[p, 1], cxy)
-        e.lit(", ")
-        e.num(pos[p, 0], cxy)
+        self._xy(e, pos[p], cxy)
         e.lit(") facing")
         e.pick([f"={n}" for n in prompts.OC_FACING], facing[p])
         e.lit(" holding")
