@@ -393,6 +393,19 @@ def load_traces(path: str | Path) -> tuple[list[DecisionTrace], int]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+class _JsonRecord:
+    """A record written as one indented JSON object (``to_dict``), read back by the class's ``load``."""
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> Path:
+        """Writes ``to_dict()`` as indented JSON with a final newline; returns ``path``."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
 def _finite_or_none(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return None
@@ -475,7 +488,7 @@ class EvalBlock:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalRecord:
+class EvalRecord(_JsonRecord):
     """``eval.json``: the evaluation on held-out seeds (paper §6.1).
 
     Attributes:
@@ -515,11 +528,6 @@ class EvalRecord:
             "base": None if self.base is None else self.base.to_dict(),
             "stats": self.stats,
         }
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
 
     @classmethod
     def load(cls, path: str | Path) -> EvalRecord:
@@ -578,7 +586,7 @@ def _mean_std(v: Any) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class SoloRecord:
+class SoloRecord(_JsonRecord):
     """``solo.json``: the solo test (paper §6.4), each agent alone with the others idled.
 
     Attributes:
@@ -634,11 +642,6 @@ class SoloRecord:
             **self.extra,
         }
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
-
     @classmethod
     def load(cls, path: str | Path) -> SoloRecord:
         """Raises FileNotFoundError, or ArtifactError naming the file and the malformed field."""
@@ -685,7 +688,7 @@ BURNIN_MIN_SUPPORT = 5
 
 
 @dataclasses.dataclass(frozen=True)
-class BurninSummary:
+class BurninSummary(_JsonRecord):
     """``burnin.json``: what a burn-in and its guard synthesis did (one layout for every writer).
 
     Attributes:
@@ -714,11 +717,6 @@ class BurninSummary:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
 
     @classmethod
     def load(cls, path: str | Path) -> BurninSummary:
