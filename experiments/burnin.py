@@ -270,8 +270,9 @@ def main(args: Args) -> dict:
         min_support=args.min_support,
     ).to_dict()
     print(
-        f"{result.decisions} decisions in {result.seconds:.2f} s ({summary['decisions_per_s']:.0f}/s, compile "
-        f"included; {time.perf_counter() - t0:.2f} s in all); {len(guards)} guards in {t_guards:.2f} s"
+        f"{result.decisions} decisions in {result.seconds:.2f} s ({summary['decisions_per_s']:.1f}/s, compile "
+        f"included: {summary['seconds_compile']} s; {time.perf_counter() - t0:.2f} s in all); {len(guards)} guards "
+        f"in {t_guards:.2f} s"
     )
     print(f"wrote {args.out / 'records.parquet'}, {args.out / 'guards.jsonl'}, {args.out / burnin.BURNIN_JSON}")
     return summary

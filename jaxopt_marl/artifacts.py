@@ -699,6 +699,8 @@ class BurninSummary:
         policy: ``uniform`` (§5.1 Stage 2) or ``llm`` (§5.1's frozen-LLM control); model: the LLM's ``--model``
             (``default``, ``tiny-random`` or a path; None for uniform); temperature: its sampling temperature
             (None for uniform). A file written before these keys existed loads as uniform.
+        seconds_compile: of ``seconds``, the episode program's compile (None: not measured), so that
+            ``seconds - seconds_compile`` is the warm cost.
     """
 
     game: str
@@ -717,6 +719,7 @@ class BurninSummary:
     policy: str = "uniform"
     model: str | None = None
     temperature: float | None = None
+    seconds_compile: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -65,6 +65,8 @@ class BurninResult:
         policy: ``uniform`` (:func:`run_burnin`) or ``llm`` (:func:`run_llm_burnin`).
         model: the LLM's ``--model`` spec (``default``, ``tiny-random`` or a path); None for uniform.
         temperature: the LLM's sampling temperature; None for uniform.
+        seconds_compile: of ``seconds``, the compile of the episode program (ahead of the first call), so that
+            ``seconds - seconds_compile`` is the warm cost; None when the caller's ``fn`` was already compiled.
     """
 
     codes: RecordCodes
@@ -75,6 +77,7 @@ class BurninResult:
     policy: str = "uniform"
     model: str | None = None
     temperature: float | None = None
+    seconds_compile: float | None = None
 
     @property
     def decisions_per_s(self) -> float:
@@ -147,15 +150,27 @@ def run_burnin(
         starts = tqdm(starts, desc=f"burn-in {lib.game}", unit="chunk", total=-(-e // chunk))
     parts = []
     t0 = time.perf_counter()
+    exe, seconds_compile = fn, None
+    if hasattr(fn, "lower"):  # compile ahead of the first call (the same executable), to time the compile alone
+        idx = np.arange(chunk) % e
+        exe = fn.lower(keys[idx], jnp.asarray(acting[idx]), jnp.asarray(solo[idx])).compile()
+        seconds_compile = time.perf_counter() - t0
     for s in starts:
         n = min(chunk, e - s)
         idx = np.arange(s, s + chunk) % e  # pad by wrapping; padded rows are dropped below
-        recs = fn(keys[idx], jnp.asarray(acting[idx]), jnp.asarray(solo[idx]))
+        recs = exe(keys[idx], jnp.asarray(acting[idx]), jnp.asarray(solo[idx]))
         recs = jax.tree.map(lambda x, n=n: np.asarray(x)[:n], recs)
         parts.append(_flatten(recs, np.arange(s, s + n), solo[s : s + n]))
     seconds = time.perf_counter() - t0
     codes = RecordCodes(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))
-    return BurninResult(codes=codes, episodes=e, solo_episodes=num_solo, decisions=codes.num_records, seconds=seconds)
+    return BurninResult(
+        codes=codes,
+        episodes=e,
+        solo_episodes=num_solo,
+        decisions=codes.num_records,
+        seconds=seconds,
+        seconds_compile=seconds_compile,
+    )
 
 
 def make_llm_roller(
@@ -229,7 +244,8 @@ def run_llm_burnin(
         progress: a tqdm bar over env steps.
 
     Returns:
-        :class:`BurninResult` with ``policy="llm"``; ``seconds`` is the episode loop's wall time, compile included.
+        :class:`BurninResult` with ``policy="llm"``; ``seconds`` is the episode loop's wall time, compile included
+        (``seconds_compile`` of it).
     """
     from lora import split_model
 
@@ -246,10 +262,16 @@ def run_llm_burnin(
         starts = tqdm(starts, desc=f"llm burn-in {lib.game}", unit="call", total=-(-e // k))
     parts = []
     t0 = time.perf_counter()
+    base, adapters = jax.device_put((base, adapters), roller._device)
+    # Compiled ahead of the first call (the executable roller.run would build), to time the compile alone.
+    exe = roller._fn.lower(
+        base, adapters, *roller.device_args(np.arange(k) % e, key, True, acting[np.arange(k) % e])
+    ).compile()
+    seconds_compile = time.perf_counter() - t0
     for s in starts:
         nb = min(k, e - s)
         idx = np.arange(s, s + k) % e  # pad by wrapping (one compiled shape); padded rollouts are dropped
-        out = roller.run(adapters, base, idx, key, reference=True, active=acting[idx])
+        out = exe(base, adapters, *roller.device_args(idx, key, True, acting[idx]))
         dec, feats = jax.device_get((out.decisions, out.feats))
         parts.append(_flatten_decisions(dec, feats, s, nb, solo))
     seconds = time.perf_counter() - t0
@@ -265,6 +287,7 @@ def run_llm_burnin(
         policy="llm",
         model=model_name,
         temperature=float(roller.cfg.temperature),
+        seconds_compile=seconds_compile,
     )
 
 
@@ -360,6 +383,7 @@ def summarize(
         policy=result.policy,
         model=result.model,
         temperature=result.temperature,
+        seconds_compile=None if result.seconds_compile is None else round(result.seconds_compile, 3),
     )
 
 

@@ -11,8 +11,9 @@ and guard threshold, one ``uniform`` and one ``llm`` (``python -m experiments.bu
   the (option, outcome) cells covered (at least one record) by each, by both, and of all the vocabulary's
   options x outcomes;
 - the guards each synthesized (count and list, ``opt: literal & literal``), those in both, in one only;
-- the cost: each run's seconds (episode loop, compile included), records (= completed option executions) and
-  records per second, and the LLM's cost relative to the uniform's per record and in wall time.
+- the cost: each run's seconds (episode loop, compile included, and without the compile: warm), records (=
+  completed option executions) and records per second, and the LLM's cost relative to the uniform's per record
+  (compile included and warm) and in wall time.
 """
 
 from __future__ import annotations
@@ -128,9 +129,13 @@ def compare(dir_uniform: str | Path, dir_llm: str | Path) -> dict:
             decisions=s.decisions,
             seconds=s.seconds,
             decisions_per_s=s.decisions_per_s,
+            seconds_compile=s.seconds_compile,
+            seconds_warm=_warm(s),
+            decisions_per_s_warm=None if _warm(s) is None else round(s.decisions / max(_warm(s), 1e-9), 1),
             guards=s.guards,
         )
     per_dec = lambda s: s.seconds / max(s.decisions, 1)
+    warm = _warm(su) is not None and _warm(sl) is not None
     return dict(
         **{k: getattr(su, k) for k in MATCH_KEYS},
         runs=runs,
@@ -156,9 +161,20 @@ def compare(dir_uniform: str | Path, dir_llm: str | Path) -> dict:
         cost=dict(
             seconds_ratio=round(sl.seconds / max(su.seconds, 1e-9), 2),
             seconds_per_decision_ratio=round(per_dec(sl) / max(per_dec(su), 1e-12), 2),
-            note="llm / uniform; seconds = the episode loop's wall time, compile included; decisions = records",
+            warm_seconds_per_decision_ratio=(
+                round((_warm(sl) / max(sl.decisions, 1)) / max(_warm(su) / max(su.decisions, 1), 1e-12), 2)
+                if warm
+                else None
+            ),
+            note="llm / uniform; seconds = the episode loop's wall time, compile included (warm: without the "
+            "compile); decisions = records",
         ),
     )
+
+
+def _warm(s: BurninSummary) -> float | None:
+    """Seconds of the episode loop without the compile (None if the compile was not timed)."""
+    return None if s.seconds_compile is None else round(max(s.seconds - s.seconds_compile, 0.0), 3)
 
 
 def to_markdown(c: dict) -> str:
@@ -173,9 +189,12 @@ def to_markdown(c: dict) -> str:
         "| | uniform | llm | llm / uniform |",
         "|---|---:|---:|---:|",
         f"| seconds (compile included) | {u['seconds']} | {ll['seconds']} | {c['cost']['seconds_ratio']} |",
+        f"| of which compile | {u['seconds_compile']} | {ll['seconds_compile']} | |",
         f"| decisions (records) | {u['decisions']} | {ll['decisions']} | |",
         f"| decisions / s | {u['decisions_per_s']} | {ll['decisions_per_s']} | "
         f"{c['cost']['seconds_per_decision_ratio']} (s per decision) |",
+        f"| decisions / s, warm | {u['decisions_per_s_warm']} | {ll['decisions_per_s_warm']} | "
+        f"{c['cost']['warm_seconds_per_decision_ratio']} (s per decision) |",
         f"| option x outcome cells covered (of {c['cells_covered']['total']}) | {c['cells_covered']['uniform']} | "
         f"{c['cells_covered']['llm']} | both {c['cells_covered']['both']} |",
         f"| guards | {c['guards']['uniform']} | {c['guards']['llm']} | both {len(c['guards']['both'])} |",
