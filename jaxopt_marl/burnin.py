@@ -232,7 +232,8 @@ def run_llm_burnin(
     Episode ``ep`` (solo episodes first, actor ``ep % A``, as :func:`episode_plan`) is the compiled rollout's
     episode ``ep`` under ``key = PRNGKey(seed)``: it starts from the uniform burn-in's episode-``ep`` state;
     its env steps and letter draws come from its own keys (:func:`jaxopt_marl.rollout.episode_keys`), so the
-    records do not depend on the batch size K. A record is a decision whose option completed (success,
+    records do not depend on which episodes share a call (up to float rounding where the model's chunk shapes
+    differ). A record is a decision whose option completed (success,
     effect_fail, explicit:<reason>), with the read-set features at initiation; options still running at the
     episode's end and idle decisions (an empty menu) are not records, as in :func:`run_burnin`.
 
@@ -241,7 +242,7 @@ def run_llm_burnin(
         num_solo, num_joint: episodes of each kind.
         seed: the run seed.
         model_name: the ``--model`` spec recorded in the result.
-        progress: a tqdm bar over env steps.
+        progress: a tqdm bar over the compiled calls.
 
     Returns:
         :class:`BurninResult` with ``policy="llm"``; ``seconds`` is the episode loop's wall time, compile included
