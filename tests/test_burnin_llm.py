@@ -3,10 +3,12 @@ records (options on the guardless menu, the uniform burn-in's schema, episodes a
 seed gives the same records, ``--compare`` counts what the two records.parquet hold, and bad input exits 2."""
 
 import json
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import envs_jax
@@ -131,10 +133,12 @@ def test_cli_llm_and_compare(runs, tmp_path, monkeypatch, capsys):
 
     c = cli.dispatch(cli.parse_args(["--compare", str(du), str(dl)]))
     assert json.loads((dl / "compare.json").read_text()) == c and (dl / "compare.md").exists()
-    for name, codes, s in (("uniform", uni.codes, su), ("llm", llm.codes, sl)):
+    for name, codes, s, d in (("uniform", uni.codes, su, du), ("llm", llm.codes, sl, dl)):
         want = _recount(codes, lib)
         got = {(o, x): n for o, d in c["per_option"].items() for x, n in d[name].items()}
         assert got == want
+        t = pq.read_table(d / "records.parquet", columns=["opt", "outcome"]).to_pydict()
+        assert got == dict(Counter(zip(t["opt"], t["outcome"])))  # the file the comparison read
         assert c["cells_covered"][name] == len(want)
         assert c["guards"][name] == s["guards"] == len(c["guards"][f"{name}_list"])
         assert c["runs"][name]["decisions"] == codes.num_records
