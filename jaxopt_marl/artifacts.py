@@ -699,6 +699,11 @@ class BurninSummary(_JsonRecord):
         seconds_guards: wall time of the guard synthesis.
         guards: guards synthesized; guards_per_option: their count per option name (every option, in menu order).
         seed: the burn-in's PRNG seed; steps: steps per episode; min_support: the synthesis' failure threshold.
+        policy: ``uniform`` (§5.1 Stage 2) or ``llm`` (§5.1's frozen-LLM control); model: the LLM's ``--model``
+            (``default``, ``tiny-random`` or a path; None for uniform); temperature: its sampling temperature
+            (None for uniform). A file written before these keys existed loads as uniform.
+        seconds_compile: of ``seconds``, the episode program's compile (None: not measured), so that
+            ``seconds - seconds_compile`` is the warm cost.
     """
 
     game: str
@@ -714,6 +719,10 @@ class BurninSummary(_JsonRecord):
     seed: int
     steps: int | None = None
     min_support: int = BURNIN_MIN_SUPPORT
+    policy: str = "uniform"
+    model: str | None = None
+    temperature: float | None = None
+    seconds_compile: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -17,6 +17,13 @@ A whole episode is one ``lax.scan`` over ``T`` env steps; a chunk of episodes is
 bound memory). Each episode fills a fixed ``[T, A]`` record buffer (:class:`jaxopt_marl.macro.Rec`); the host
 keeps the valid rows and builds the Parquet table with :func:`jaxopt_marl.records.records_from_arrays`.
 
+**The frozen-LLM control** (§5.1: "a control experiment replacing the uniform policy with a frozen pretrained
+LLM ... yielding 2 guards versus uniform's 36 at roughly 400x the cost"): :func:`run_llm_burnin` plays the same
+episode plan (the same kinds, acting agents and reset states) with the LLM choosing from the same guardless menu
+(:class:`jaxopt_marl.compiled_rollout.CompiledRoller` with an empty guard set, the frozen base, ``choice_only``
+letter sampling at the paper's temperature, ``burnin=True``) and returns the same records, so guard synthesis and
+:func:`write_outputs` run unchanged on them. :func:`compare` sets the two side by side (``compare.json``).
+
 Outputs (:func:`write_outputs`, one layout for ``python -m experiments.burnin`` and a run's ``burnin/``):
 ``records.parquet`` (the records), ``guards.jsonl`` (the synthesized guards; a run keeps it at the run's top
 level) and ``burnin.json`` (:class:`jaxopt_marl.artifacts.BurninSummary`, re-exported here).
@@ -55,6 +62,11 @@ class BurninResult:
         solo_episodes: of which solo.
         decisions: completed option executions (= records).
         seconds: wall time of the episode loop (compile included unless warmed up).
+        policy: ``uniform`` (:func:`run_burnin`) or ``llm`` (:func:`run_llm_burnin`).
+        model: the LLM's ``--model`` spec (``default``, ``tiny-random`` or a path); None for uniform.
+        temperature: the LLM's sampling temperature; None for uniform.
+        seconds_compile: of ``seconds``, the compile of the episode program (ahead of the first call), so that
+            ``seconds - seconds_compile`` is the warm cost; None when the caller's ``fn`` was already compiled.
     """
 
     codes: RecordCodes
@@ -62,6 +74,10 @@ class BurninResult:
     solo_episodes: int
     decisions: int
     seconds: float
+    policy: str = "uniform"
+    model: str | None = None
+    temperature: float | None = None
+    seconds_compile: float | None = None
 
     @property
     def decisions_per_s(self) -> float:
@@ -134,15 +150,168 @@ def run_burnin(
         starts = tqdm(starts, desc=f"burn-in {lib.game}", unit="chunk", total=-(-e // chunk))
     parts = []
     t0 = time.perf_counter()
+    exe, seconds_compile = fn, None
+    if hasattr(fn, "lower"):  # compile ahead of the first call (the same executable), to time the compile alone
+        idx = np.arange(chunk) % e
+        exe = fn.lower(keys[idx], jnp.asarray(acting[idx]), jnp.asarray(solo[idx])).compile()
+        seconds_compile = time.perf_counter() - t0
     for s in starts:
         n = min(chunk, e - s)
         idx = np.arange(s, s + chunk) % e  # pad by wrapping; padded rows are dropped below
-        recs = fn(keys[idx], jnp.asarray(acting[idx]), jnp.asarray(solo[idx]))
+        recs = exe(keys[idx], jnp.asarray(acting[idx]), jnp.asarray(solo[idx]))
         recs = jax.tree.map(lambda x, n=n: np.asarray(x)[:n], recs)
         parts.append(_flatten(recs, np.arange(s, s + n), solo[s : s + n]))
     seconds = time.perf_counter() - t0
     codes = RecordCodes(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))
-    return BurninResult(codes=codes, episodes=e, solo_episodes=num_solo, decisions=codes.num_records, seconds=seconds)
+    return BurninResult(
+        codes=codes,
+        episodes=e,
+        solo_episodes=num_solo,
+        decisions=codes.num_records,
+        seconds=seconds,
+        seconds_compile=seconds_compile,
+    )
+
+
+def make_llm_roller(
+    lib: OptionLibrary,
+    env,
+    model,
+    tokenizer,
+    *,
+    temperature: float,
+    seed: int = 0,
+    batch: int = 4,
+    chunks=None,
+):
+    """The compiled rollout as the burn-in control's policy (paper §5.1): no guards (so every agent's menu is
+    the uniform burn-in's guardless one: the valid instances of its instance table), ``choice_only`` letter
+    sampling at ``temperature``, one shared adapter (played off: :func:`run_llm_burnin` passes
+    ``reference=True``, the frozen base), ``burnin=True`` (:class:`jaxopt_marl.compiled_rollout.CompiledRoller`).
+
+    Args:
+        lib, env: the game's option library and environment (its ``max_steps`` is the episode length).
+        model, tokenizer: from :func:`jaxopt_marl.rollout.load_policy_model` with one adapter.
+        temperature: the sampling temperature (paper: ``jaxopt_marl.config.PAPER[game]["temperature"]``).
+        seed: the menus' letter-shuffle seed.
+        batch: K, episodes per compiled call.
+        chunks: a :class:`jaxopt_marl.compiled_rollout.ChunkConfig` (default: per backend).
+    """
+    from jaxopt_marl import guards as G
+    from jaxopt_marl import rollout
+    from jaxopt_marl.compiled_rollout import CompiledRoller
+
+    cfg = rollout.PolicyConfig(mode="choice_only", temperature=float(temperature), shared_adapter=True)
+    return CompiledRoller(
+        lib.game,
+        env,
+        lib,
+        G.compile_guards([], lib.vocab),
+        model,
+        tokenizer,
+        cfg,
+        menu_seed=seed,
+        batch=batch,
+        chunks=chunks,
+        burnin=True,
+    )
+
+
+def run_llm_burnin(
+    roller,
+    num_solo: int,
+    num_joint: int,
+    *,
+    seed: int = 0,
+    model_name: str | None = None,
+    progress: bool = False,
+) -> BurninResult:
+    """The frozen-LLM burn-in control (paper §5.1): :func:`run_burnin`'s episode plan and records, with the LLM
+    choosing from the guardless menu instead of the uniform draw.
+
+    Episode ``ep`` (solo episodes first, actor ``ep % A``, as :func:`episode_plan`) is the compiled rollout's
+    episode ``ep`` under ``key = PRNGKey(seed)``: it starts from the uniform burn-in's episode-``ep`` state;
+    its env steps and letter draws come from its own keys (:func:`jaxopt_marl.rollout.episode_keys`), so the
+    records do not depend on which episodes share a call (up to float rounding where the model's chunk shapes
+    differ). A record is a decision whose option completed (success,
+    effect_fail, explicit:<reason>), with the read-set features at initiation; options still running at the
+    episode's end and idle decisions (an empty menu) are not records, as in :func:`run_burnin`.
+
+    Args:
+        roller: from :func:`make_llm_roller` (its env's ``max_steps`` is the episode length ``T``).
+        num_solo, num_joint: episodes of each kind.
+        seed: the run seed.
+        model_name: the ``--model`` spec recorded in the result.
+        progress: a tqdm bar over the compiled calls.
+
+    Returns:
+        :class:`BurninResult` with ``policy="llm"``; ``seconds`` is the episode loop's wall time, compile included
+        (``seconds_compile`` of it).
+    """
+    from lora import split_model
+
+    lib = roller.lib
+    e = num_solo + num_joint
+    acting, solo = episode_plan(num_solo, num_joint, lib.num_agents)
+    key = jax.random.PRNGKey(seed)
+    _, adapters, base = split_model(roller.model)
+    k = roller.batch
+    starts = range(0, e, k)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc=f"llm burn-in {lib.game}", unit="call", total=-(-e // k))
+    parts = []
+    t0 = time.perf_counter()
+    base, adapters = jax.device_put((base, adapters), roller._device)
+    # Compiled ahead of the first call (the executable roller.run would build), to time the compile alone.
+    exe = roller._fn.lower(
+        base, adapters, *roller.device_args(np.arange(k) % e, key, True, acting[np.arange(k) % e])
+    ).compile()
+    seconds_compile = time.perf_counter() - t0
+    for s in starts:
+        nb = min(k, e - s)
+        idx = np.arange(s, s + k) % e  # pad by wrapping (one compiled shape); padded rollouts are dropped
+        out = exe(base, adapters, *roller.device_args(idx, key, True, acting[idx]))
+        dec, feats = jax.device_get((out.decisions, out.feats))
+        parts.append(_flatten_decisions(dec, feats, s, nb, solo))
+    seconds = time.perf_counter() - t0
+    codes = RecordCodes(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))
+    order = np.lexsort((codes.aid, codes.step, codes.ep))  # (ep, step, aid)
+    codes = RecordCodes(*(np.asarray(c)[order] for c in codes))
+    return BurninResult(
+        codes=codes,
+        episodes=e,
+        solo_episodes=num_solo,
+        decisions=codes.num_records,
+        seconds=seconds,
+        policy="llm",
+        model=model_name,
+        temperature=float(roller.cfg.temperature),
+        seconds_compile=seconds_compile,
+    )
+
+
+def _flatten_decisions(dec, feats: np.ndarray, offset: int, keep: int, solo: np.ndarray) -> RecordCodes:
+    """The records among one compiled call's decisions (host copies): real decisions of the kept rollouts whose
+    option completed (outcome code >= 0), as :class:`RecordCodes` (episode = ``offset`` + rollout index)."""
+    n = int(dec.count)
+    rollout = np.asarray(dec.rollout[:n])
+    outcome = np.asarray(dec.outcome[:n])
+    mask = (rollout < keep) & (outcome >= 0)
+    ep = (offset + rollout[mask]).astype(np.int32)
+    target = np.asarray(dec.target[:n])[mask]
+    return RecordCodes(
+        ep=ep,
+        step=np.asarray(dec.step[:n])[mask].astype(np.int32),
+        aid=np.asarray(dec.aid[:n])[mask].astype(np.int32),
+        solo=solo[ep].astype(bool),
+        opt=np.asarray(dec.option[:n])[mask].astype(np.int32),
+        target_x=target[:, 1].astype(np.int32),
+        target_y=target[:, 0].astype(np.int32),
+        outcome=outcome[mask].astype(np.int32),
+        features=np.asarray(feats[:n])[mask].astype(np.int32),
+    )
 
 
 def _flatten(recs: macro.Rec, ep: np.ndarray, solo: np.ndarray) -> RecordCodes:
@@ -212,6 +381,10 @@ def summarize(
         seed=int(seed),
         steps=None if steps is None else int(steps),
         min_support=int(min_support),
+        policy=result.policy,
+        model=result.model,
+        temperature=result.temperature,
+        seconds_compile=None if result.seconds_compile is None else round(result.seconds_compile, 3),
     )
 
 
@@ -243,7 +416,9 @@ __all__ = [
     "BurninSummary",
     "episode_plan",
     "make_episodes_fn",
+    "make_llm_roller",
     "run_burnin",
+    "run_llm_burnin",
     "summarize",
     "synthesize",
     "to_table",

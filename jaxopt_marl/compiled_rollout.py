@@ -188,6 +188,8 @@ class CompiledResult(NamedTuple):
         stats: world stats at the end, dict of ``[K]`` (``team_return`` included).
         parse_counts: int32[5] parse outcomes by reason code.
         waves: int32[] decision waves played.
+        feats: int32[D, F] the read-set features of each decision's chosen instance at initiation (-1 where no
+            instance started), only with ``CompiledRoller(burnin=True)``; None otherwise (the training path).
     """
 
     decisions: DecisionBuffers
@@ -195,6 +197,7 @@ class CompiledResult(NamedTuple):
     stats: dict
     parse_counts: jax.Array
     waves: jax.Array
+    feats: jax.Array | None = None
 
 
 def _empty_buffers(d: int, p: int, m: int, i: int) -> DecisionBuffers:
@@ -254,6 +257,14 @@ class CompiledRoller:
         chunks: :class:`ChunkConfig` (default: :meth:`ChunkConfig.for_backend`).
         max_prompt_len: the prompt limit P (tokens after the system turn); default: the worst case of the
             game's prompt structure (``PromptIds.max_len``).
+        burnin: the burn-in control's program (paper §5.1; :func:`jaxopt_marl.burnin.run_llm_burnin`), with three
+            differences from the training path's (which ``burnin=False`` leaves exactly as it was): episode
+            ``s`` resets with ``split(fold_in(key, s))[0]``, the uniform burn-in's reset key of episode ``s``
+            under ``key = PRNGKey(seed)``, so both burn-ins start from the same states; only the ``active``
+            agents decide, the others never do and emit the idle action (solo episodes, as
+            :func:`jaxopt_marl.macro.init`'s ``acting``); an agent whose chosen option failed explicitly at its
+            start idles one step before it decides again (as :func:`jaxopt_marl.macro.make_macro_step`);
+            and the chosen instances' read-set features at initiation come back in ``CompiledResult.feats``.
 
     Raises:
         ValueError: a menu longer than the letters, a prompt limit below the worst case, a vocabulary whose
@@ -277,10 +288,12 @@ class CompiledRoller:
         chunks: ChunkConfig | None = None,
         max_prompt_len: int | None = None,
         prompt: prompt_ids.PromptIds | None = None,
+        burnin: bool = False,
     ):
         from lora import split_model
 
         self.game, self.env, self.lib, self.guards, self.cfg = game, env, lib, guards, cfg
+        self.burnin = bool(burnin)
         self.tok = tokenizer
         self.n = lib.num_agents
         self.steps = int(env.max_steps)
@@ -455,8 +468,13 @@ class CompiledRoller:
         agents = jnp.arange(n, dtype=jnp.int32)
         adapter_of = jnp.where(reference, -1, jnp.zeros_like(agents) if cfg.shared_adapter else agents)
 
-        init_one = lambda s: macro.init(lib, env, jax.random.PRNGKey(s), jnp.ones((n,), bool), jnp.bool_(False))
-        ms = jax.vmap(init_one)(seeds)
+        if self.burnin:  # the uniform burn-in's reset key of episode s; only the active agents decide
+            reset_key = lambda s: jax.random.split(jax.random.fold_in(key, s))[0]
+            init_one = lambda s, a: macro.init(lib, env, reset_key(s), a, ~a.all())
+            ms = jax.vmap(init_one)(seeds, active)
+        else:
+            init_one = lambda s: macro.init(lib, env, jax.random.PRNGKey(s), jnp.ones((n,), bool), jnp.bool_(False))
+            ms = jax.vmap(init_one)(seeds)
         traj = rollout.empty_traj(k, t_max, n)
         advance = jax.vmap(macro.make_advance_to_decision(lib, env, rollout.make_traj_recorder(lib, env, t_max)))
         menu_fn = jax.vmap(
@@ -487,6 +505,8 @@ class CompiledRoller:
             counts=jnp.zeros((len(parse_device.REASON_CODES),), jnp.int32),
             wave=jnp.zeros((), jnp.int32),
         )
+        if self.burnin:
+            carry["feats"] = jnp.full((d_max, lib.num_features), -1, jnp.int32)
 
         def cond(c):
             return (c["wave"] == 0) | (c["need"].any() & ~c["ms"].env.done.all())
@@ -570,7 +590,16 @@ class CompiledRoller:
             ms, rec_fail = begin_fn(ms, choice)
             buf, pending = outcomes(buf, pending, rec_fail)
             # Agents left without an option (parse failure, no wait option) idle for one step.
-            force = ((choice < 0) & need).any(axis=1)
+            idle_now = (choice < 0) & need
+            extra = {}
+            if self.burnin:
+                # The chosen instance's features at initiation: begin() keeps them in ms.feats for a started
+                # option and in rec_fail.feats for one that failed at its start (which then idles one step).
+                chosen = jnp.where(rec_fail.valid[..., None], rec_fail.feats, ms.feats)
+                chosen = jnp.where((inst >= 0)[..., None], chosen, -1)
+                extra["feats"] = c["feats"].at[dst].set(chosen.reshape(r, -1), mode="drop")
+                idle_now = idle_now | rec_fail.valid
+            force = idle_now.any(axis=1)
             ms, traj, need, rec = advance(ms, env_keys, force, c["traj"])
             buf, pending = outcomes(buf, pending, rec)
             if progress:  # the slowest episode's env step (steps), once the wave is played
@@ -585,6 +614,7 @@ class CompiledRoller:
                 ndec=ndec,
                 counts=counts,
                 wave=c["wave"] + 1,
+                **extra,
             )
 
         c = jax.lax.while_loop(cond, body, carry)
@@ -592,7 +622,14 @@ class CompiledRoller:
         # Options still running when the episode ended.
         buf = buf._replace(outcome=jnp.where(buf.outcome == OUTCOME_RUNNING, OUTCOME_EPISODE_END, buf.outcome))
         stats = jax.vmap(lambda s: {**env.world_stats(s), "team_return": lib.team_return(s)})(c["ms"].env)
-        return CompiledResult(decisions=buf, traj=c["traj"], stats=stats, parse_counts=c["counts"], waves=c["wave"] - 1)
+        return CompiledResult(
+            decisions=buf,
+            traj=c["traj"],
+            stats=stats,
+            parse_counts=c["counts"],
+            waves=c["wave"] - 1,
+            feats=c.get("feats"),
+        )
 
     # -- host side --------------------------------------------------------------------------------------
 
