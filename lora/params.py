@@ -106,6 +106,10 @@ def build_model(
     Raises:
       ValueError: on an unknown tensor name, a missing tensor, or a shape mismatch, naming ``source``.
     """
+    if cfg.layerwise:  # Gemma 4 / Qwen3.5: heterogeneous layers, their own name map
+        from lora.backbones import build_layerwise
+
+        return build_layerwise(cfg, weights, source=source, lora=lora, dtype=dtype, seed=seed)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, lora, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, lora_state, base_state = nnx.split(abstract, LoRAParam, ...)
     pure = nnx.to_pure_dict(base_state)
