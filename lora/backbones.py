@@ -46,8 +46,9 @@ Qwen3.5 (``models/qwen3_5/modeling_qwen3_5.py``, ``Qwen3_5TextModel`` / ``Qwen3_
 
 LoRA adapters attach, as in :class:`lora.model.Decoder`, to the q/k/v/o projections of every softmax-attention
 layer and to the gate/up/down projections of every MLP (PEFT ``target_modules`` names); the Gated DeltaNet
-projections, the PLE projections and KV-shared layers' missing k/v stay frozen. Only the full-sequence forward
-exists: a KV cache (``cache``, ``cache_size``) raises NotImplementedError naming the architecture.
+projections, the PLE projections and KV-shared layers' missing k/v stay frozen. Decoding continues a
+:class:`LayerCache` (keys / values of the softmax layers, conv inputs and delta-rule state of the Gated DeltaNet
+layers); the full-sequence forward is the same code on an empty cache.
 
 Shapes: B batch, T time, D model width, Hq query heads, K kv heads, H head width, V vocabulary.
 """
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import math
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -65,6 +67,84 @@ from lora.model import _MASK_VALUE, LoRALinear
 
 GEMMA_KINDS = ("sliding_attention", "full_attention")
 QWEN35_KINDS = ("linear_attention", "full_attention")
+
+
+@flax.struct.dataclass
+class LayerCache:
+    """Per-layer decoding state of a :class:`LayerwiseDecoder`, written slot by slot like
+    :class:`lora.model.KVCache` (slots shared across rows, a row's padding slots invalid).
+
+    Attributes:
+      k, v: per layer, keys / values [B, S, K_l, H_l] of a softmax-attention layer that computes its own
+        (None for Gemma 4's KV-shared layers, which read their producer's, and for Gated DeltaNet layers).
+      conv: per layer, the last ``linear_conv_kernel_dim - 1`` conv inputs [B, kernel - 1, C] of a Gated
+        DeltaNet layer (HF ``cache.update_conv_state``), else None.
+      state: per layer, the delta-rule state float32[B, nv, dk, dv] of a Gated DeltaNet layer (HF
+        ``cache.update_recurrent_state``), else None.
+      valid: bool[B, S], slot holds a real token of that row.
+      next_pos: int32[B], RoPE position of the row's next real token.
+      index: int32[], next slot to write.
+    """
+
+    k: tuple
+    v: tuple
+    conv: tuple
+    state: tuple
+    valid: jax.Array
+    next_pos: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def init(cls, model: LayerwiseDecoder, batch: int, size: int) -> LayerCache:
+        """An empty cache with ``size`` slots per row (dtypes: the model's; the delta-rule state float32)."""
+        k, v, conv, state = [], [], [], []
+        for layer in model.layers:
+            kv_shape = layer.kv_shape(batch, size)
+            k.append(None if kv_shape is None else jnp.zeros(kv_shape, model.dtype))
+            v.append(None if kv_shape is None else jnp.zeros(kv_shape, model.dtype))
+            lin = getattr(layer, "linear_attn", None)
+            conv.append(None if lin is None else jnp.zeros((batch, lin.kernel - 1, lin.channels), model.dtype))
+            state.append(None if lin is None else jnp.zeros((batch, lin.nv, lin.dk, lin.dv), jnp.float32))
+        return cls(
+            k=tuple(k),
+            v=tuple(v),
+            conv=tuple(conv),
+            state=tuple(state),
+            valid=jnp.zeros((batch, size), bool),
+            next_pos=jnp.zeros((batch,), jnp.int32),
+            index=jnp.zeros((), jnp.int32),
+        )
+
+    @property
+    def size(self) -> int:
+        return self.valid.shape[1]
+
+    def grow(self, size: int) -> LayerCache:
+        """Pads the slot axis to ``size`` slots (no-op if already that large)."""
+        extra = size - self.size
+        if extra <= 0:
+            return self
+        pad = lambda a: None if a is None else jnp.pad(a, ((0, 0), (0, extra), (0, 0), (0, 0)))
+        return self.replace(
+            k=tuple(map(pad, self.k)), v=tuple(map(pad, self.v)), valid=jnp.pad(self.valid, ((0, 0), (0, extra)))
+        )
+
+    def take(self, rows: jax.Array) -> LayerCache:
+        """The cache of batch rows int32[B]."""
+        sel = lambda a: None if a is None else a[rows]
+        return LayerCache(
+            k=tuple(map(sel, self.k)),
+            v=tuple(map(sel, self.v)),
+            conv=tuple(map(sel, self.conv)),
+            state=tuple(map(sel, self.state)),
+            valid=self.valid[rows],
+            next_pos=self.next_pos[rows],
+            index=self.index,
+        )
+
+    def broadcast(self, batch: int) -> LayerCache:
+        """Repeats a batch-1 cache (a shared prompt prefix) to ``batch`` rows."""
+        return self.take(jnp.zeros((batch,), jnp.int32))
 
 
 class Norm(nnx.Module):
@@ -182,7 +262,7 @@ class GemmaLayer(nnx.Module):
         self.kind = cfg.layer_types[index]
         self.shared = index >= cfg.num_layers - cfg.num_kv_shared_layers
         h, kk = kind_head(cfg, self.kind)
-        self.head_dim, self.num_heads = h, cfg.num_heads
+        self.head_dim, self.num_heads, self.num_kv_heads = h, cfg.num_heads, kk
         self.k_eq_v = cfg.attention_k_eq_v and self.kind == "full_attention"
         norm = lambda n, **kw: Norm(n, eps=eps, dtype=dtype, **kw)
         bias = cfg.qkv_bias
@@ -214,10 +294,27 @@ class GemmaLayer(nnx.Module):
         self.layer_scalar = nnx.Param(jnp.ones((1,), dtype))
         self.act = cfg.hidden_activation
 
-    def __call__(self, x, *, rope, bias, ple, shared_kv, agent_ids, keys):
-        """x [B, T, D]; rope: (cos, sin) of this kind; bias float32[B, T, T] of this kind; ple [B, T, P] or
-        None; shared_kv: dict kind -> (k, v) [B, T, K, H], read by KV-shared layers and written by the others
-        (the last writer of a kind is the one HF stores). Returns x [B, T, D]."""
+    def kv_shape(self, batch: int, size: int) -> tuple[int, ...] | None:
+        """Shape [B, S, K, H] of this layer's cached keys (and values); None for a KV-shared layer."""
+        return None if self.shared else (batch, size, self.num_kv_heads, self.head_dim)
+
+    def __call__(self, x, *, rope, bias, ple, shared_kv, kv, index, agent_ids, keys):
+        """Applies the layer to a chunk.
+
+        Args:
+          x: [B, T, D] residual stream.
+          rope: (cos, sin) float32[B, T, H] of this layer kind.
+          bias: float32[B, T, S] additive bias of this kind over the S cache slots (the chunk written at
+            ``index``): 0 for a real key slot not after the query (within the window for sliding layers).
+          ple: [B, T, P] this layer's per-layer input, or None.
+          shared_kv: dict kind -> (k, v) [B, S, K, H] cache buffers, read by KV-shared layers and written by
+            the others (HF ``shared_kv_states``: the last unshared layer of a kind is the one stored).
+          kv: (k, v) cache buffers [B, S, K, H] of this layer before the chunk, None for a KV-shared layer.
+          index: int32[] slot of the chunk's first token.
+
+        Returns:
+          (x [B, T, D], the (k, v) buffers with the chunk written, or None for a KV-shared layer).
+        """
         b, t, _ = x.shape
         h = self.head_dim
         cos, sin = rope
@@ -226,19 +323,23 @@ class GemmaLayer(nnx.Module):
         q = rope_partial(self.q_norm(q), cos, sin)
         if self.shared:
             k, v = shared_kv[self.kind]
+            new = None
         else:
             k = self.k_proj(y, agent_ids, keys[1]).reshape(b, t, -1, h)
             v = k if self.v_proj is None else self.v_proj(y, agent_ids, keys[2]).reshape(b, t, -1, h)
             k = rope_partial(self.k_norm(k), cos, sin)
             v = self.v_norm(v)
-            shared_kv[self.kind] = (k, v)
+            at = (0, index, 0, 0)
+            k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), at)
+            v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), at)
+            shared_kv[self.kind] = new = (k, v)
         att = softmax_attention(q, k, v, bias, 1.0).astype(x.dtype)
         x = x + self.post_attention_layernorm(self.o_proj(att, agent_ids, keys[3]))
         x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), agent_ids, keys[4:7]))
         if self.per_layer_input_gate is not None:
             z = _act(self.act, self.per_layer_input_gate(x)) * ple
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(z))
-        return x * self.layer_scalar[...]
+        return x * self.layer_scalar[...], new
 
 
 class GatedDeltaNet(nnx.Module):
@@ -265,15 +366,26 @@ class GatedDeltaNet(nnx.Module):
         self.norm = Norm(self.dv, eps=cfg.rms_norm_eps, dtype=dtype)
         self.out_proj = lin(vd, d)
         self.act = cfg.hidden_activation
+        self.kernel, self.channels = cfg.linear_conv_kernel_dim, 2 * kd + vd
 
-    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-        """x [B, T, D], mask bool[B, T] (padding rows are zeroed first) -> [B, T, D]."""
+    def __call__(self, x: jax.Array, mask: jax.Array, conv_prev: jax.Array, s0: jax.Array):
+        """Applies the mixer to a chunk.
+
+        Args:
+          x: [B, T, D]; mask: bool[B, T] (padding rows are zeroed first, HF ``apply_mask_to_padding_states``).
+          conv_prev: [B, kernel - 1, C] conv inputs before the chunk (zeros at the start: the causal zero pad).
+          s0: float32[B, nv, dk, dv] delta-rule state before the chunk (zeros at the start).
+
+        Returns:
+          (out [B, T, D], conv inputs [B, kernel - 1, C] and state after the chunk).
+        """
         b, t, _ = x.shape
         x = x * mask[:, :, None].astype(x.dtype)
         qkv = self.in_proj_qkv(x)  # [B, T, C]
         w = self.conv1d[...][:, 0, :]  # [C, kernel]
         n = w.shape[1]
-        padded = jnp.pad(qkv, ((0, 0), (n - 1, 0), (0, 0)))
+        padded = jnp.concatenate([conv_prev.astype(qkv.dtype), qkv], axis=1)  # [B, kernel - 1 + T, C]
+        conv_next = padded[:, t:]
         conv = sum(padded[:, j : j + t] * w[:, j] for j in range(n))
         qkv = _act(self.act, conv)
         kd = self.nk * self.dk
@@ -297,12 +409,11 @@ class GatedDeltaNet(nnx.Module):
             return s, jnp.einsum("bhkv,bhk->bhv", s, q_t)
 
         tm = lambda u: jnp.moveaxis(u, 1, 0)
-        s0 = jnp.zeros((b, self.nv, self.dk, self.dv), jnp.float32)
-        _, o = jax.lax.scan(step, s0, (tm(q), tm(k), tm(v), tm(g), tm(beta)))
+        s_end, o = jax.lax.scan(step, s0, (tm(q), tm(k), tm(v), tm(g), tm(beta)))
         o = jnp.moveaxis(o, 0, 1)  # [B, T, nv, dv]
         z = self.in_proj_z(x).reshape(b, t, self.nv, self.dv)
         o = self.norm(o) * jax.nn.silu(z.astype(jnp.float32))
-        return self.out_proj(o.reshape(b, t, -1).astype(x.dtype))
+        return self.out_proj(o.reshape(b, t, -1).astype(x.dtype)), conv_next, s_end
 
 
 class Qwen35Layer(nnx.Module):
@@ -315,7 +426,7 @@ class Qwen35Layer(nnx.Module):
         self.kind = cfg.layer_types[index]
         norm = lambda n: Norm(n, eps=eps, plus_one=True, dtype=dtype)
         self.input_layernorm = norm(d)
-        self.head_dim, self.num_heads = h, cfg.num_heads
+        self.head_dim, self.num_heads, self.num_kv_heads = h, cfg.num_heads, cfg.num_kv_heads
         if self.kind == "linear_attention":
             self.linear_attn = GatedDeltaNet(cfg, dtype=dtype, rngs=rngs)
             self.q_proj = self.k_proj = self.v_proj = self.o_proj = self.q_norm = self.k_norm = None
@@ -330,13 +441,20 @@ class Qwen35Layer(nnx.Module):
         self.post_attention_layernorm = norm(d)
         self.mlp = MLP(cfg, cfg.intermediate_size, lora, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, *, rope, bias, mask, agent_ids, keys):
-        """x [B, T, D]; rope (cos, sin) float32[B, T, R]; bias float32[B, T, T] (causal, real keys); mask
-        bool[B, T]. Returns x [B, T, D]."""
+    def kv_shape(self, batch: int, size: int) -> tuple[int, ...] | None:
+        """Shape [B, S, K, H] of this layer's cached keys; None for a Gated DeltaNet layer."""
+        return None if self.linear_attn is not None else (batch, size, self.num_kv_heads, self.head_dim)
+
+    def __call__(self, x, *, rope, bias, mask, kv, conv, state, index, agent_ids, keys):
+        """Applies the layer to a chunk: x [B, T, D]; rope (cos, sin) float32[B, T, R]; bias float32[B, T, S]
+        (causal, real key slots); mask bool[B, T]; kv (k, v) buffers [B, S, K, H] of a full-attention layer,
+        conv / state the Gated DeltaNet state (:class:`LayerCache`), the others None; index int32[] slot of the
+        chunk's first token. Returns (x, kv, conv, state) with the chunk written in."""
         b, t, _ = x.shape
         y = self.input_layernorm(x)
         if self.linear_attn is not None:
-            x = x + self.linear_attn(y, mask)
+            out, conv, state = self.linear_attn(y, mask, conv, state)
+            x = x + out
         else:
             h = self.head_dim
             qg = self.q_proj(y, agent_ids, keys[0]).reshape(b, t, self.num_heads, 2 * h)
@@ -345,15 +463,20 @@ class Qwen35Layer(nnx.Module):
             v = self.v_proj(y, agent_ids, keys[2]).reshape(b, t, -1, h)
             cos, sin = rope
             q, k = rope_partial(self.q_norm(q), cos, sin), rope_partial(self.k_norm(k), cos, sin)
-            att = softmax_attention(q, k, v, bias, h**-0.5).astype(x.dtype)
+            at = (0, index, 0, 0)
+            kv = (
+                jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), at),
+                jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), at),
+            )
+            att = softmax_attention(q, kv[0], kv[1], bias, h**-0.5).astype(x.dtype)
             att = att * jax.nn.sigmoid(gate)
             x = x + self.o_proj(att, agent_ids, keys[3])
-        return x + self.mlp(self.post_attention_layernorm(x), agent_ids, keys[4:7])
+        return x + self.mlp(self.post_attention_layernorm(x), agent_ids, keys[4:7]), kv, conv, state
 
 
 class LayerwiseDecoder(nnx.Module):
     """Gemma 4 / Qwen3.5 text decoder with optional stacked per-agent LoRA; the :class:`lora.model.Decoder`
-    call signature for the full-sequence forward.
+    methods (``hidden``, ``logits``, ``__call__``, ``step``) with a :class:`LayerCache`.
 
     Example:
       >>> model = LayerwiseDecoder(cfg, LoRAConfig(num_adapters=2, rank=4), rngs=nnx.Rngs(0))  # doctest: +SKIP
@@ -394,32 +517,47 @@ class LayerwiseDecoder(nnx.Module):
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
         agent_ids: jax.Array | None = None,
-        cache=None,
+        cache: LayerCache | None = None,
         cache_size: int | None = None,
         dropout_key: jax.Array | None = None,
-    ) -> tuple[jax.Array, None]:
-        """Final-norm hidden states [B, T, D] of a full sequence (arguments as :meth:`lora.model.Decoder.hidden`).
+    ) -> tuple[jax.Array, LayerCache | None]:
+        """Final-norm hidden states of a chunk, optionally continuing or starting a cache (arguments and cache
+        semantics as :meth:`lora.model.Decoder.hidden`).
+
+        Without a cache the chunk runs on an empty one of T slots, so the full-sequence forward and cached
+        decoding are one path: the chunk's keys are written at slots ``index .. index + T`` and every query
+        attends over all S slots, masked to real key slots not after it (and, on Gemma's sliding layers, within
+        ``sliding_window`` slots, HF ``sliding_window_overlay``); a Gated DeltaNet layer continues its conv inputs
+        and delta-rule state.
+
+        Returns:
+          (h [B, T, D] in the model dtype, the cache holding the chunk, or None without ``cache_size``).
 
         Raises:
-          NotImplementedError: with ``cache`` or ``cache_size`` (no KV / recurrent-state cache for these
-            architectures yet).
+          ValueError: ``cache_size`` smaller than the cache or than the chunk.
         """
         cfg = self.cfg
-        if cache is not None or cache_size is not None:
-            raise NotImplementedError(
-                f"architecture {cfg.architecture!r}: the KV / prefix cache is not implemented for the layer-wise "
-                "decoder (Gemma 4, Qwen3.5); use the full-sequence forward"
-            )
         b, t = input_ids.shape
+        if cache_size is not None and (cache_size < t or (cache is not None and cache_size < cache.size)):
+            raise ValueError(
+                f"cache_size={cache_size} cannot hold the cache "
+                f"({0 if cache is None else cache.size} slots) or the chunk ({t} tokens)"
+            )
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        if cache is None:
+            cache = LayerCache.init(self, b, cache_size or t)
+        elif cache_size is not None:
+            cache = cache.grow(cache_size)
+        index, start = cache.index, cache.next_pos
         if positions is None:
-            positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-        qi, si = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
-        allowed = {"full_attention": qi >= si}
+            positions = start[:, None] + jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+        valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))
+        qi, si = index + jnp.arange(t)[:, None], jnp.arange(cache.size)[None, :]
+        allowed = {"full_attention": si <= qi}
         if cfg.sliding_window:
-            allowed["sliding_attention"] = (qi >= si) & (si > qi - cfg.sliding_window)
+            allowed["sliding_attention"] = (si <= qi) & (si > qi - cfg.sliding_window)
         biases = {
-            kind: jnp.where(mask[:, None, :] & ok[None], 0.0, _MASK_VALUE).astype(jnp.float32)
+            kind: jnp.where(valid[:, None, :] & ok[None], 0.0, _MASK_VALUE).astype(jnp.float32)
             for kind, ok in allowed.items()
         }
         ropes = {}
@@ -445,28 +583,49 @@ class LayerwiseDecoder(nnx.Module):
         n_keys = 7 * cfg.num_layers
         keys = list(jax.random.split(dropout_key, n_keys)) if dropout_key is not None else [None] * n_keys
         shared_kv: dict = {}
+        ks, vs, convs, states = list(cache.k), list(cache.v), list(cache.conv), list(cache.state)
         for i, layer in enumerate(self.layers):
             lk = keys[7 * i : 7 * i + 7]
+            kv = None if ks[i] is None else (ks[i], vs[i])
             if gemma:
-                x = layer(
+                x, kv = layer(
                     x,
                     rope=ropes[layer.kind],
                     bias=biases[layer.kind],
                     ple=None if ple is None else ple[:, :, i],
                     shared_kv=shared_kv,
+                    kv=kv,
+                    index=index,
                     agent_ids=agent_ids,
                     keys=lk,
                 )
             else:
-                x = layer(
+                x, kv, convs[i], states[i] = layer(
                     x,
                     rope=ropes.get("full_attention"),
                     bias=biases["full_attention"],
                     mask=mask,
+                    kv=kv,
+                    conv=convs[i],
+                    state=states[i],
+                    index=index,
                     agent_ids=agent_ids,
                     keys=lk,
                 )
-        return self.final_norm(x), None
+            if kv is not None:
+                ks[i], vs[i] = kv
+        h = self.final_norm(x)
+        if cache_size is None:
+            return h, None
+        return h, LayerCache(
+            k=tuple(ks),
+            v=tuple(vs),
+            conv=tuple(convs),
+            state=tuple(states),
+            valid=valid,
+            next_pos=start + mask.sum(axis=1, dtype=jnp.int32),
+            index=index + t,
+        )
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Output head: float32[..., V] logits from hidden states [..., D] (Gemma 4: tanh soft cap)."""
@@ -492,16 +651,29 @@ class LayerwiseDecoder(nnx.Module):
         )
         return self.logits(h)
 
-    def step(self, input_ids, cache, **kwargs):
-        """Cached decoding is not implemented for these architectures.
+    def step(
+        self,
+        input_ids: jax.Array,
+        cache: LayerCache | None,
+        *,
+        attention_mask: jax.Array | None = None,
+        agent_ids: jax.Array | None = None,
+        cache_size: int | None = None,
+    ) -> tuple[jax.Array, LayerCache]:
+        """Appends a chunk to ``cache``: (logits of its last column float32[B, V], cache), as
+        :meth:`lora.model.Decoder.step`.
 
         Raises:
-          NotImplementedError: always, naming the architecture.
+          ValueError: no cache and no ``cache_size``; ``cache_size`` too small.
         """
-        raise NotImplementedError(
-            f"architecture {self.cfg.architecture!r}: cached decoding (step) is not implemented for the layer-wise "
-            "decoder; use the full-sequence forward"
+        if cache_size is None:
+            if cache is None:
+                raise ValueError("step without a cache needs cache_size (the slots of the new cache)")
+            cache_size = cache.size
+        h, cache = self.hidden(
+            input_ids, attention_mask=attention_mask, agent_ids=agent_ids, cache=cache, cache_size=cache_size
         )
+        return self.logits(h[:, -1]), cache
 
 
 # Tensors of multimodal checkpoints (``Gemma4ForConditionalGeneration``, ``Qwen3_5ForConditionalGeneration``)

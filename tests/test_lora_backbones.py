@@ -13,6 +13,7 @@ accumulates like a random walk, ``8 * eps32 * sqrt(n) ~ 3.3e-5`` of the largest 
 rule (a missing norm weight, a 1 + w, a wrong window) moves logits by 1e-2 or more. Measured: 1e-6 .. 4e-6.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -135,16 +136,38 @@ def test_lora_attaches(arch):
     np.testing.assert_allclose(_fwd(model, ids, agent_ids=jnp.array([-1, -1])), base, rtol=0, atol=1e-6)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_size"))
+def _step(graphdef, state, ids, cache, mask, cache_size=None):
+    return nnx.merge(graphdef, state).step(ids, cache, attention_mask=mask, cache_size=cache_size)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cache_is_refused(arch):
-    """No KV / recurrent-state cache for these decoders: a clear NotImplementedError naming the architecture."""
-    model = _load(os.path.join(DATA, arch))
-    ids = jnp.zeros((1, 4), jnp.int32)
-    name = model.cfg.architecture
-    with pytest.raises(NotImplementedError, match=name):
-        model.hidden(ids, cache_size=8)
-    with pytest.raises(NotImplementedError, match=name):
-        model.step(ids, None, cache_size=8)
+def test_decode_matches_full_forward(arch):
+    """Prefill 6 tokens into a 16-slot cache, then decode one token at a time: every step's logits equal the
+    full forward's at that position (Gemma: past the sliding window, through the KV-shared layers; Qwen3.5:
+    conv inputs and delta-rule state carried). Row 1 is left-padded by 2 slots (inside the prefill)."""
+    directory = os.path.join(DATA, arch)
+    model = _load(directory)
+    graphdef, state = nnx.split(model)
+    ids = np.load(os.path.join(directory, "reference.npz"))["input_ids"][:, :14].astype(np.int32)
+    pad = 2
+    ids[1, pad:] = ids[1, :-pad]
+    ids[1, :pad] = 0
+    mask = np.ones(ids.shape, bool)
+    mask[1, :pad] = False
+    full = _fwd(model, ids, attention_mask=jnp.asarray(mask))
+    p, size = 6, 16
+    logits, cache = _step(graphdef, state, jnp.asarray(ids[:, :p]), None, jnp.asarray(mask[:, :p]), cache_size=size)
+    assert cache.size == size and int(cache.index) == p
+    got = [np.asarray(logits)]
+    for i in range(p, ids.shape[1]):
+        logits, cache = _step(graphdef, state, jnp.asarray(ids[:, i : i + 1]), cache, jnp.asarray(mask[:, i : i + 1]))
+        got.append(np.asarray(logits))
+    got = np.stack(got, axis=1)  # [B, T - p + 1, V]
+    want = full[:, p - 1 :]
+    assert _rel(got, want) <= RTOL
+    with pytest.raises(ValueError, match="cache_size"):
+        model.step(jnp.asarray(ids[:, :4]), None)
 
 
 def test_unsupported_variants_are_refused(tmp_path):
