@@ -207,3 +207,42 @@ def test_live_parity(arch, tmp_path):
     ids, ref = fixtures.build(arch, str(tmp_path), seed=1)
     err = _rel(_fwd(_load(str(tmp_path)), ids), ref)
     assert err <= RTOL, f"{arch}: relative error {err:.2e} > {RTOL:g}"
+
+
+# A Gemma-style turn template (written for this test, in the format of Gemma's: no system role, the system text
+# opens the first user turn, the assistant speaks as "model").
+GEMMA_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% set sys = '' %}{% if messages[0]['role'] == 'system' %}"
+    "{% set sys = messages[0]['content'] + '\\n\\n' %}{% set messages = messages[1:] %}{% endif %}"
+    "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ (sys if loop.first else '') + m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def test_chat_template_comes_from_the_checkpoint(tmp_path):
+    """``lora.load_model`` on a Gemma 4 directory: the tokenizer's chat template is the one in the checkpoint's
+    tokenizer_config.json, rendered as written (system text folded into the first user turn), and the prompt
+    pipeline's shared-prefix rule (``jaxopt_marl.rollout``: the system render is a prefix of the full one) holds."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import lora
+    from lora.tokenizer import render_chat
+
+    directory = tmp_path / "gemma"
+    shutil.copytree(os.path.join(DATA, "gemma4"), directory)
+    specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+    words = specials + ["user", "model", "hello", "be", "kind", "\n"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(directory / "tokenizer.json"))
+    with open(directory / "tokenizer_config.json", "w") as f:
+        json.dump(
+            {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "chat_template": GEMMA_STYLE_TEMPLATE}, f
+        )
+    model, tokenizer = lora.load_model(str(directory))
+    assert isinstance(model, LayerwiseDecoder) and tokenizer.chat_template == GEMMA_STYLE_TEMPLATE
+    system, user = {"role": "system", "content": "be kind"}, {"role": "user", "content": "hello"}
+    full = render_chat(tokenizer, [system, user])
+    assert full == "<bos><start_of_turn>user\nbe kind\n\nhello<end_of_turn>\n<start_of_turn>model\n"
+    assert full.startswith(render_chat(tokenizer, [system], add_generation_prompt=False))
