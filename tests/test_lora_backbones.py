@@ -10,7 +10,7 @@ float32 quantities in different orders (JAX einsums vs torch matmuls; Qwen3.5's 
 per-token recurrence); the rounding of one logit's path, n ~ L (4 D + 2 F + H + T) + 2 D ~ 1200 roundings here,
 accumulates like a random walk, ``8 * eps32 * sqrt(n) ~ 3.3e-5`` of the largest logit at 8 sigma
 (``tests.helpers.fp32_atol``), so 1e-4 is 3x above that bound and does not depend on summation order; a wrong
-rule (a missing norm weight, a 1 + w, a wrong window) moves logits by 1e-2 or more. Measured: 1e-6 .. 4e-6.
+rule (a missing norm weight, a 1 + w, a wrong window) moves logits by 1e-2 or more. Measured: 8e-7 .. 8e-6.
 """
 
 import functools
