@@ -63,10 +63,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lora.config import LoRAConfig, ModelConfig
-from lora.model import _MASK_VALUE, LoRALinear
-
-GEMMA_KINDS = ("sliding_attention", "full_attention")
-QWEN35_KINDS = ("linear_attention", "full_attention")
+from lora.model import _MASK_VALUE, Decoder, LoRALinear
 
 
 @flax.struct.dataclass
@@ -636,44 +633,9 @@ class LayerwiseDecoder(nnx.Module):
         cap = self.cfg.final_logit_softcapping
         return out if cap is None else jnp.tanh(out / cap) * cap
 
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        *,
-        attention_mask: jax.Array | None = None,
-        positions: jax.Array | None = None,
-        agent_ids: jax.Array | None = None,
-        dropout_key: jax.Array | None = None,
-    ) -> jax.Array:
-        """Full-sequence logits, float32[B, T, V]."""
-        h, _ = self.hidden(
-            input_ids, attention_mask=attention_mask, positions=positions, agent_ids=agent_ids, dropout_key=dropout_key
-        )
-        return self.logits(h)
-
-    def step(
-        self,
-        input_ids: jax.Array,
-        cache: LayerCache | None,
-        *,
-        attention_mask: jax.Array | None = None,
-        agent_ids: jax.Array | None = None,
-        cache_size: int | None = None,
-    ) -> tuple[jax.Array, LayerCache]:
-        """Appends a chunk to ``cache``: (logits of its last column float32[B, V], cache), as
-        :meth:`lora.model.Decoder.step`.
-
-        Raises:
-          ValueError: no cache and no ``cache_size``; ``cache_size`` too small.
-        """
-        if cache_size is None:
-            if cache is None:
-                raise ValueError("step without a cache needs cache_size (the slots of the new cache)")
-            cache_size = cache.size
-        h, cache = self.hidden(
-            input_ids, attention_mask=attention_mask, agent_ids=agent_ids, cache=cache, cache_size=cache_size
-        )
-        return self.logits(h[:, -1]), cache
+    # The full-sequence forward and the cached step only call ``hidden`` and ``logits``: Decoder's own.
+    __call__ = Decoder.__call__
+    step = Decoder.step
 
 
 # Tensors of multimodal checkpoints (``Gemma4ForConditionalGeneration``, ``Qwen3_5ForConditionalGeneration``)
@@ -737,14 +699,12 @@ def build_layerwise(
     """
     import numpy as np
 
-    from lora.params import init_adapters
+    from lora.params import fill_base
 
     abstract = nnx.eval_shape(lambda: LayerwiseDecoder(cfg, lora, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, lora_state, base_state = nnx.split(abstract, nnx.LoRAParam, ...)
-    pure = nnx.to_pure_dict(base_state)
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(pure)
-    paths = [".".join(str(getattr(k, "key", k)) for k in kp) for kp, _ in leaves]
-    wanted = dict(zip(paths, (leaf for _, leaf in leaves)))
+    leaves, _ = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(base_state))
+    wanted = {".".join(str(getattr(k, "key", k)) for k in kp) for kp, _ in leaves}
     found: dict[str, np.ndarray] = {}
     for name, array in weights.items():
         mapped = nnx_path(name)
@@ -762,18 +722,4 @@ def build_layerwise(
                 f"(maps to {path!r}, which this configuration does not have)"
             )
         found[path] = array
-    filled = []
-    for path in paths:
-        leaf = wanted[path]
-        if path not in found:
-            raise ValueError(f"{source}: no tensor for model parameter {path!r} (expected shape {tuple(leaf.shape)})")
-        array = found[path]
-        if tuple(array.shape) != tuple(leaf.shape):
-            raise ValueError(
-                f"{source}: shape mismatch for {path!r}: file has {tuple(array.shape)}, config expects "
-                f"{tuple(leaf.shape)}"
-            )
-        filled.append(jnp.asarray(array, dtype=leaf.dtype))
-    nnx.replace_by_pure_dict(base_state, jax.tree_util.tree_unflatten(treedef, filled))
-    lora_state = init_adapters(lora_state, jax.random.key(seed))
-    return nnx.merge(graphdef, lora_state, base_state)
+    return fill_base(graphdef, lora_state, base_state, found, source=source, seed=seed)

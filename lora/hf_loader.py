@@ -16,6 +16,10 @@ import numpy as np
 
 from lora.config import ModelConfig
 
+# Layer kinds (HF ``layer_types``) the layer-wise decoder implements (:mod:`lora.backbones`).
+GEMMA_KINDS = ("sliding_attention", "full_attention")
+QWEN35_KINDS = ("linear_attention", "full_attention")
+
 # HF ``model_type`` -> our architecture name.
 MODEL_TYPES = {
     "llama": "llama",
@@ -106,9 +110,7 @@ def _layerwise_fields(hf: dict, arch: str, source: str) -> dict:
             linear_num_key_heads=hf.get("linear_num_key_heads", 16),
             linear_num_value_heads=hf.get("linear_num_value_heads", 32),
         )
-    unknown = set(layer_types) - set(
-        {"gemma4": ("sliding_attention", "full_attention")}.get(arch, ("linear_attention", "full_attention"))
-    )
+    unknown = set(layer_types) - set(GEMMA_KINDS if arch == "gemma4" else QWEN35_KINDS)
     if unknown:
         raise ValueError(f"{source}: unsupported layer_types {sorted(unknown)} for {arch}")
     return out
