@@ -38,33 +38,30 @@ def configs() -> dict:
     from transformers import Gemma4TextConfig, Qwen3_5TextConfig
 
     common = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=8)
+    gemma = dict(
+        common,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        sliding_window=5,
+        global_head_dim=16,
+        final_logit_softcapping=5.0,
+        max_position_embeddings=256,
+    )
     return {
         "gemma4": Gemma4TextConfig(
-            **common,
-            num_hidden_layers=4,
+            **gemma,
             num_key_value_heads=2,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            sliding_window=5,
-            global_head_dim=16,
             num_global_key_value_heads=1,
             attention_k_eq_v=True,
             hidden_size_per_layer_input=0,
-            final_logit_softcapping=5.0,
-            max_position_embeddings=256,
         ),
         "gemma4_e2b": Gemma4TextConfig(
-            **common,
-            num_hidden_layers=4,
+            **gemma,
             num_key_value_heads=1,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            sliding_window=5,
-            global_head_dim=16,
             num_kv_shared_layers=2,
             use_double_wide_mlp=True,
             hidden_size_per_layer_input=8,
             vocab_size_per_layer_input=256,
-            final_logit_softcapping=5.0,
-            max_position_embeddings=256,
         ),
         "qwen3_5": Qwen3_5TextConfig(
             **common,
