@@ -40,7 +40,8 @@ def load_model(path: str | None = None, dtype=jnp.float32, lora: LoRAConfig | No
       seed: seed of the adapters' A matrices.
 
     Returns:
-      (Decoder, transformers ``PreTrainedTokenizerFast`` with ``chat_template``).
+      (Decoder -- or :class:`lora.backbones.LayerwiseDecoder` for a Gemma 4 / Qwen3.5 directory --, transformers
+      ``PreTrainedTokenizerFast`` with the ``chat_template`` of the checkpoint's tokenizer config).
 
     Raises:
       FileNotFoundError: missing file or directory (message names it).

@@ -2,7 +2,9 @@
 
 The fields follow the Hugging Face ``config.json`` of the Llama, Qwen2 and Qwen3 families
 (transformers ``models/llama/configuration_llama.py``, ``models/qwen2/configuration_qwen2.py``,
-``models/qwen3/configuration_qwen3.py``); the LoRA fields follow PEFT's ``LoraConfig``
+``models/qwen3/configuration_qwen3.py``) and, for the layer-wise backbones of :mod:`lora.backbones`, the text
+decoders of Gemma 4 (``models/gemma4/configuration_gemma4.py``, ``Gemma4TextConfig``) and Qwen3.5
+(``models/qwen3_5/configuration_qwen3_5.py``, ``Qwen3_5TextConfig``); the LoRA fields follow PEFT's ``LoraConfig``
 (Hu et al. 2022, "LoRA: Low-Rank Adaptation of Large Language Models").
 """
 
@@ -12,7 +14,10 @@ import dataclasses
 from typing import Any
 
 # Architectures the decoder implements; everything else is refused at load time.
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma4", "qwen3_5")
+# Architectures with heterogeneous layers, run layer by layer by :class:`lora.backbones.LayerwiseDecoder`
+# (the others by the layer-scanned :class:`lora.model.Decoder`).
+LAYERWISE_ARCHITECTURES = ("gemma4", "qwen3_5")
 
 # Projection names as PEFT spells them (``target_modules``), in the order the block applies them.
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -60,11 +65,53 @@ class ModelConfig:
     # Longest sequence the model was trained for (informational; caches are sized by callers).
     max_position_embeddings: int = 8192
 
+    # --- Layer-wise backbones only (Gemma 4, Qwen3.5); the defaults leave Llama / Qwen2 / Qwen3 unchanged. ---
+    # Per-layer kind (HF ``layer_types``): "sliding_attention" / "full_attention" (Gemma 4),
+    # "linear_attention" / "full_attention" (Qwen3.5); None = every layer full attention.
+    layer_types: tuple[str, ...] | None = None
+    # RoPE of each attention layer kind: (kind, ((key, value), ...)) with HF ``rope_parameters`` keys
+    # (rope_type "default" or "proportional", rope_theta, partial_rotary_factor, factor); None = ``rope_theta``.
+    layer_rope: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None = None
+    # Keys a "sliding_attention" query sees: slots q - window < s <= q (HF ``sliding_window``).
+    sliding_window: int | None = None
+    # Head width and kv heads of "full_attention" layers where they differ (Gemma 4 ``global_head_dim``,
+    # ``num_global_key_value_heads``); None = ``head_dim`` / ``num_kv_heads``.
+    global_head_dim: int | None = None
+    num_global_kv_heads: int | None = None
+    # Gemma 4: full-attention layers reuse the key projection as values (HF ``attention_k_eq_v``).
+    attention_k_eq_v: bool = False
+    # Gemma 4: the last n layers reuse the K/V of the last earlier layer of their kind (``num_kv_shared_layers``).
+    num_kv_shared_layers: int = 0
+    # Gemma 4: KV-shared layers have a 2x wide MLP (``use_double_wide_mlp``).
+    use_double_wide_mlp: bool = False
+    # Gemma 4 per-layer embeddings (PLE, the E2B/E4B models): width per layer (0 = none) and table rows.
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 0
+    # tanh soft cap of the output logits (Gemma ``final_logit_softcapping``), or None.
+    final_logit_softcapping: float | None = None
+    # MLP activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma).
+    hidden_activation: str = "silu"
+    # Qwen3.5 Gated DeltaNet ("linear_attention") layers: HF ``linear_*`` fields.
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"unsupported architecture {self.architecture!r}; supported: {SUPPORTED_ARCHITECTURES}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.hidden_activation not in ("silu", "gelu_pytorch_tanh"):
+            raise ValueError(f"unsupported hidden_activation {self.hidden_activation!r} (silu, gelu_pytorch_tanh)")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_layers={self.num_layers}")
+
+    @property
+    def layerwise(self) -> bool:
+        """True for the heterogeneous-layer backbones (:data:`LAYERWISE_ARCHITECTURES`)."""
+        return self.architecture in LAYERWISE_ARCHITECTURES
 
     @property
     def num_groups(self) -> int:

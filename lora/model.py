@@ -420,6 +420,11 @@ class Decoder(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, lora: LoRAConfig | None = None, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        if cfg.layerwise:
+            raise ValueError(
+                f"Decoder: architecture {cfg.architecture!r} has heterogeneous layers "
+                "(use lora.backbones.LayerwiseDecoder)"
+            )
         self.cfg, self.lora_cfg, self.dtype = cfg, lora, dtype
         self.embed = nnx.Param(
             jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size), jnp.float32).astype(dtype) * 0.02

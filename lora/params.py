@@ -106,6 +106,10 @@ def build_model(
     Raises:
       ValueError: on an unknown tensor name, a missing tensor, or a shape mismatch, naming ``source``.
     """
+    if cfg.layerwise:  # Gemma 4 / Qwen3.5: heterogeneous layers, their own name map
+        from lora.backbones import build_layerwise
+
+        return build_layerwise(cfg, weights, source=source, lora=lora, dtype=dtype, seed=seed)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, lora, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, lora_state, base_state = nnx.split(abstract, LoRAParam, ...)
     pure = nnx.to_pure_dict(base_state)
@@ -142,13 +146,24 @@ def build_model(
         singles[path] = np.stack([per_layer[i] for i in range(cfg.num_layers)])
 
     # 2. Fill and check every base leaf.
+    return fill_base(graphdef, lora_state, base_state, singles, source=source, seed=seed)
+
+
+def fill_base(graphdef, lora_state, base_state, arrays: dict[str, np.ndarray], *, source: str, seed: int):
+    """Fills every base leaf from ``arrays`` (NNX path -> array in our layout), checks shapes, draws the adapters
+    (:func:`init_adapters`) and merges the model.
+
+    Raises:
+      ValueError: naming ``source``: a leaf without an array, or a shape mismatch.
+    """
+    pure = nnx.to_pure_dict(base_state)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(pure)
     filled = []
     for keypath, leaf in leaves:
         path = ".".join(str(getattr(k, "key", k)) for k in keypath)
-        if path not in singles:
+        if path not in arrays:
             raise ValueError(f"{source}: no tensor for model parameter {path!r} (expected shape {tuple(leaf.shape)})")
-        array = singles.pop(path)
+        array = arrays[path]
         if tuple(array.shape) != tuple(leaf.shape):
             raise ValueError(
                 f"{source}: shape mismatch for {path!r}: file has {tuple(array.shape)}, "
