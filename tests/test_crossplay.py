@@ -1,0 +1,112 @@
+"""Cross-play (zero-shot coordination, beyond the paper): seat assembly on synthetic stacked adapters, the teams
+enumerated, the paired-bootstrap gap, a run crossed with itself (the Overcooked AA smoke run, tests/conftest.py:
+cross-play equals self-play exactly, a ZSC gap of exactly 0, self-play replaying the run's eval.json), and bad
+input."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from experiments import crossplay as X
+
+
+def _sources(num_runs, n):
+    """Synthetic stacked adapters: run r's adapter k is filled with 100 r + k (two leaves of other shapes)."""
+    return [
+        {
+            "lora_a": np.stack([np.full((3, 2), 100 * r + k, np.float32) for k in range(n)]),
+            "lora_b": {"w": np.stack([np.full((2, 4), -(100 * r + k), np.float32) for k in range(n)])},
+        }
+        for r in range(num_runs)
+    ]
+
+
+def test_assemble_puts_each_agents_adapter_in_its_seat():
+    src = _sources(2, 3)
+    team = X.assemble(src, [(0, 2), (1, 1), (0, 0)])
+    assert np.asarray(team["lora_a"]).shape == (3, 3, 2)
+    np.testing.assert_array_equal(np.asarray(team["lora_a"])[:, 0, 0], [2, 101, 0])
+    np.testing.assert_array_equal(np.asarray(team["lora_b"]["w"])[:, 1, 3], [-2, -101, 0])
+    np.testing.assert_array_equal(np.asarray(team["lora_a"])[1], src[1]["lora_a"][1])
+    # Self-play is the run's own stack, exactly.
+    own = X.assemble(src, [(1, 0), (1, 1), (1, 2)])
+    np.testing.assert_array_equal(np.asarray(own["lora_b"]["w"]), src[1]["lora_b"]["w"])
+    with pytest.raises(ValueError, match="seat 1: agent 3 is outside 0..2"):
+        X.assemble(src, [(0, 0), (0, 3), (0, 1)])
+    with pytest.raises(ValueError, match="seat 0: run 2 is outside 0..1"):
+        X.assemble(src, [(2, 0), (0, 1), (0, 2)])
+
+
+def test_teams():
+    ts = X.teams(3, 7)
+    kinds = [t.kind for t in ts]
+    assert (kinds.count("self"), kinds.count("cross"), kinds.count("perm")) == (3, 3 * 2 * 7, 3 * 6)
+    cross = [t for t in ts if t.kind == "cross" and t.cell == (2, 0)]
+    assert cross[4].seats == ((0, 0), (0, 1), (0, 2), (0, 3), (2, 4), (0, 5), (0, 6)) and cross[4].host == 0
+    perm = [t for t in ts if t.kind == "perm" and t.cell == (1, 1)]
+    assert perm[0].seats == tuple((1, (j + 1) % 7) for j in range(7))
+    # Two agents: the cross-play teams are exactly the fully mixed assignments (each under both hosts).
+    two = X.teams(3, 2)
+    mixed = {tuple(r for r, _ in t.seats) for t in two if t.kind == "cross"}
+    assert mixed == {(a, b) for a in range(3) for b in range(3) if a != b}
+    assert all(t.seats == ((t.seats[0][0], 0), (t.seats[1][0], 1)) for t in two if t.kind == "cross")
+
+
+def test_gap_is_the_paired_difference():
+    g = X.gap([[1.0, 2.0, 6.0], [3.0, 4.0, 2.0]], [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0], [2.0, 2.0, 1.0]])
+    assert g["per_seed"] == [1.0, 2.0, 3.0] and g["gap"] == 2.0
+    assert g["ci"][0] >= 1.0 and g["ci"][1] <= 3.0 and g["ci"][0] < 2.0 < g["ci"][1]
+    same = X.gap([[1.0, 5.0]], [[1.0, 5.0], [1.0, 5.0]])
+    assert same["gap"] == 0.0 and same["ci"] == [0.0, 0.0]
+
+
+def test_a_run_crossed_with_itself(smoke_run, tmp_path):
+    run, _ = smoke_run
+    r = X.crossplay([run, run], tmp_path / "xp", progress=False)
+    ev = json.loads((run / "eval.json").read_text())
+    own = [e["team_return"] for e in ev["trained"]["episodes"]]
+    teams = r["teams"]
+    assert [t["kind"] for t in teams] == ["self"] * 2 + ["cross"] * 4 + ["perm"] * 2
+    # Self-play replays the run's own evaluation (same seeds, key, menus, adapters), and every cross-play team of
+    # a run with itself is that same team.
+    for t in teams[:6]:
+        assert t["returns"] == own, t["label"]
+    assert r["eval_seeds"] == ev["seeds"] and r["episodes"] == len(own)
+    cells = r["matrix"]["cells"]
+    assert all(c["values"] == cells[0][0]["values"] for row in cells for c in row)
+    assert cells[0][1]["values"] == own + own  # two seats, pooled
+    assert r["cross_play"]["mean"] == r["self_play"]["mean"]
+    assert r["zsc_gap"]["gap"] == 0.0 and r["zsc_gap"]["ci"] in ([0.0, 0.0], None)
+    assert r["zsc_gap"]["per_seed"] == [0.0] * len(own)
+    assert teams[6]["seats"] == [[0, 1], [0, 0]]
+    saved = json.loads((tmp_path / "xp" / "crossplay.json").read_text())
+    assert saved["zsc_gap"]["gap"] == 0.0
+    assert "ZSC gap (self-play − cross-play):** 0.00" in (tmp_path / "xp" / "crossplay.md").read_text()
+
+
+def _cli_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        X.cli(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_bad_input(smoke_run, tmp_path, capsys):
+    run, _ = smoke_run
+    msg = _cli_error([str(tmp_path / "nope")], capsys)
+    assert f"run directory {tmp_path / 'nope'} does not exist" in msg
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(run / "eval.json", other / "eval.json")
+    cfg = json.loads((run / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "game": "overcooked_fc", "model": "x.gguf"}))
+    msg = _cli_error([str(run), str(other), "--out", str(tmp_path / "o")], capsys)
+    assert f'game: {run} "overcooked_aa", {other} "overcooked_fc"' in msg
+    assert f'model: {run} "tiny-random", {other} "x.gguf"' in msg
+    assert not (tmp_path / "o").exists()
+    msg = _cli_error([str(run), "--episodes", "0"], capsys)
+    assert "--episodes must be >= 1, got 0" in msg
