@@ -22,7 +22,7 @@ runs' ``eval_episodes``), so a self-play team with the run's default episodes re
 
 ``OUT/crossplay.json`` and ``OUT/crossplay.md`` (default ``OUT``: ``crossplay/`` next to the first run): the
 R x R matrix, each cell :func:`jaxopt_marl.stats.summarize` of its per-episode team returns (mean, sample std,
-95% percentile bootstrap CI of the mean, 10,000 resamples), every team's seats and per-episode returns, the
+95% percentile bootstrap CI of the mean, 10,000 resamples), every team's seats, per-episode returns and episode metrics (:func:`jaxopt_marl.evaluation.eval_block`'s), the
 permutation teams, and the **ZSC gap** = mean self-play return - mean cross-play return. Its CI is a paired
 bootstrap over the evaluation seeds: on seed e, d_e = (mean over the R self-play teams of their return on e) -
 (mean over the R (R-1) N cross-play teams of their return on e); the gap is mean_e d_e (every team plays every
@@ -307,16 +307,16 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
         block, _ = evaluation.play(
             run.cfg, host.roller, t.label, adapters=assemble(sources, t.seats), progress=progress, desc=t.label
         )
-        played.append((t, block.team_returns))
+        played.append((t, block.team_returns, block.episodes))
         print(f"{t.label}: team return {np.mean(block.team_returns):.2f}", flush=True)
     labels = [f"run{i}" for i in range(len(runs))]
     matrix = [[None] * len(runs) for _ in runs]
     for a, b in itertools.product(range(len(runs)), repeat=2):
-        vals = [v for t, rets in played if t.kind in ("self", "cross") and t.cell == (a, b) for v in rets]
+        vals = [v for t, rets, _ in played if t.kind in ("self", "cross") and t.cell == (a, b) for v in rets]
         matrix[a][b] = stats.summarize(vals, f"{labels[a]} x {labels[b]}")
-    sp = [rets for t, rets in played if t.kind == "self"]
-    xp = [rets for t, rets in played if t.kind == "cross"]
-    pp = [rets for t, rets in played if t.kind == "perm"]
+    sp = [rets for t, rets, _ in played if t.kind == "self"]
+    xp = [rets for t, rets, _ in played if t.kind == "cross"]
+    pp = [rets for t, rets, _ in played if t.kind == "perm"]
     result = {
         "game": runs[0].cfg.game,
         "model": runs[0].config.get("model"),
@@ -354,8 +354,9 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
                 "seats": [list(s) for s in t.seats],
                 "host": labels[t.host],
                 "returns": rets,
+                "episodes": eps,
             }
-            for t, rets in played
+            for t, rets, eps in played
         ],
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -405,7 +406,7 @@ def markdown(r: dict) -> str:
                 f"**{name}:** {g['gap']:.2f}"
                 + (f" (95% CI [{ci[0]:.2f}, {ci[1]:.2f}], paired bootstrap over seeds)" if ci else " (one seed: no CI)")
             )
-    lines.append("")
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """Cross-play (zero-shot coordination, beyond the paper): seat assembly on synthetic stacked adapters, the teams
-enumerated, the paired-bootstrap gap, a run crossed with itself (the Overcooked AA smoke run, tests/conftest.py:
-cross-play equals self-play exactly, a ZSC gap of exactly 0, self-play replaying the run's eval.json), and bad
-input."""
+enumerated, the paired-bootstrap gap, a run crossed with itself and two runs crossed (the runs and cross-plays of the
+background job tests/seeds_job.py: cross-play of a run with itself equals its self-play exactly, a ZSC gap of
+exactly 0, self-play replaying the run's eval.json), and bad input."""
 
 import json
 import shutil
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import crossplay as X
+from tests import seeds_job
 
 
 def _sources(num_runs, n):
@@ -62,28 +63,56 @@ def test_gap_is_the_paired_difference():
     assert same["gap"] == 0.0 and same["ci"] == [0.0, 0.0]
 
 
-def test_a_run_crossed_with_itself(smoke_run, tmp_path):
-    run, _ = smoke_run
-    r = X.crossplay([run, run], tmp_path / "xp", progress=False)
-    ev = json.loads((run / "eval.json").read_text())
+@pytest.fixture(scope="module")
+def seeds_out():
+    return seeds_job.result()[0]
+
+
+def _eval(run):
+    return json.loads((run / "eval.json").read_text())
+
+
+@pytest.mark.background("seeds")
+def test_a_run_crossed_with_itself(seeds_out):
+    run = seeds_out / "seed_0"
+    r = json.loads((seeds_out / "xp_self" / "crossplay.json").read_text())
+    ev = _eval(run)
     own = [e["team_return"] for e in ev["trained"]["episodes"]]
     teams = r["teams"]
     assert [t["kind"] for t in teams] == ["self"] * 2 + ["cross"] * 4 + ["perm"] * 2
+    assert [t["seats"] for t in teams[2:6]] == [[[0, 0], [1, 1]], [[1, 0], [0, 1]], [[1, 0], [0, 1]], [[0, 0], [1, 1]]]
     # Self-play replays the run's own evaluation (same seeds, key, menus, adapters), and every cross-play team of
-    # a run with itself is that same team.
+    # a run with itself is that same team: the same returns, decisions, parse failures and final stats.
     for t in teams[:6]:
         assert t["returns"] == own, t["label"]
-    assert r["eval_seeds"] == ev["seeds"] and r["episodes"] == len(own)
+        assert t["episodes"] == ev["trained"]["episodes"], t["label"]
+    assert r["eval_seeds"] == ev["seeds"] and r["episodes"] == len(own) == 2
     cells = r["matrix"]["cells"]
-    assert all(c["values"] == cells[0][0]["values"] for row in cells for c in row)
-    assert cells[0][1]["values"] == own + own  # two seats, pooled
+    assert cells[0][0]["values"] == cells[1][1]["values"] == own
+    assert cells[0][1]["values"] == cells[1][0]["values"] == own + own  # two seats, pooled
     assert r["cross_play"]["mean"] == r["self_play"]["mean"]
-    assert r["zsc_gap"]["gap"] == 0.0 and r["zsc_gap"]["ci"] in ([0.0, 0.0], None)
-    assert r["zsc_gap"]["per_seed"] == [0.0] * len(own)
-    assert teams[6]["seats"] == [[0, 1], [0, 0]]
-    saved = json.loads((tmp_path / "xp" / "crossplay.json").read_text())
-    assert saved["zsc_gap"]["gap"] == 0.0
-    assert "ZSC gap (self-play − cross-play):** 0.00" in (tmp_path / "xp" / "crossplay.md").read_text()
+    assert r["zsc_gap"]["gap"] == 0.0 and r["zsc_gap"]["ci"] == [0.0, 0.0]
+    assert r["zsc_gap"]["per_seed"] == [0.0, 0.0]
+    assert teams[6]["seats"] == [[0, 1], [0, 0]] and teams[6]["host"] == "run0"
+    assert "ZSC gap (self-play − cross-play):** 0.00" in (seeds_out / "xp_self" / "crossplay.md").read_text()
+
+
+@pytest.mark.background("seeds")
+def test_two_runs_crossed(seeds_out):
+    r = json.loads((seeds_out / "xp" / "crossplay.json").read_text())
+    assert [x["seed"] for x in r["runs"]] == [0, 1] and [x["library"] for x in r["runs"]] == ["canonical"] * 2
+    teams = r["teams"]
+    for i, t in enumerate(teams[:2]):  # each run's self-play replays its own eval.json
+        assert t["episodes"] == _eval(seeds_out / f"seed_{i}")["trained"]["episodes"]
+    cross = [t for t in teams if t["kind"] == "cross"]
+    assert [t["host"] for t in cross] == ["run1", "run1", "run0", "run0"]
+    cells = r["matrix"]["cells"]
+    assert cells[0][1]["values"] == cross[0]["returns"] + cross[1]["returns"]
+    sp = np.mean([teams[0]["returns"], teams[1]["returns"]], axis=0)
+    xp = np.mean([t["returns"] for t in cross], axis=0)
+    assert r["zsc_gap"]["per_seed"] == pytest.approx(list(sp - xp), abs=1e-12)
+    assert r["zsc_gap"]["gap"] == pytest.approx(float(np.mean(sp) - np.mean(xp)), abs=1e-12)
+    assert r["zsc_gap"]["gap"] == pytest.approx(r["self_play"]["mean"] - r["cross_play"]["mean"], abs=1e-12)
 
 
 def _cli_error(argv, capsys):
@@ -95,8 +124,9 @@ def _cli_error(argv, capsys):
     return err[0]
 
 
-def test_bad_input(smoke_run, tmp_path, capsys):
-    run, _ = smoke_run
+@pytest.mark.background("seeds")
+def test_bad_input(seeds_out, tmp_path, capsys):
+    run = seeds_out / "seed_0"
     msg = _cli_error([str(tmp_path / "nope")], capsys)
     assert f"run directory {tmp_path / 'nope'} does not exist" in msg
     other = tmp_path / "other"

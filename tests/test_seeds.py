@@ -1,6 +1,6 @@
 """Training seeds (paper §6.1, Table 1): the four seed channels (:mod:`jaxopt_marl.seeding`), the option-library
 registry and ``--library``, and ``python -m experiments.seeds`` end to end (2 seeds of the smoke preset on the
-tiny model, a background job: tests/background.py), its ``--resume`` and its bad input."""
+tiny model, the background job of tests/seeds_job.py), its ``--resume`` and its bad input."""
 
 import json
 import shutil
@@ -13,14 +13,8 @@ from experiments import common, seeds
 from experiments.cli import InputError
 from jaxopt_marl import menus, options, seeding, trainer
 from jaxopt_marl.config import RunConfig
-from tests.background import BACKGROUND
-
-#: ``experiments.seeds`` on the smallest budget: 2 seeds, 1 round, 2 evaluation episodes (one call of K = 2).
-SEEDS_DIR = BACKGROUND.base / "seeds" / "out"
-SEEDS_ARGS = ["--game", "overcooked_aa", "--seeds", "2", "--preset", "smoke", "--model", "tiny-random"]
-SEEDS_ARGS += ["--rounds", "1", "--eval-episodes", "2", "--solo-episodes", "1"]
-SEEDS_DIR.parent.mkdir(parents=True, exist_ok=True)
-BACKGROUND.register("seeds", ["-m", "experiments.seeds", *SEEDS_ARGS, "--out", str(SEEDS_DIR)])
+from tests import seeds_job
+from tests.seeds_job import SEEDS_ARGS
 
 
 def test_channels_differ_between_seeds_and_reproduce():
@@ -118,9 +112,7 @@ def test_barrier_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def seeds_run():
-    p = BACKGROUND.get("seeds")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return SEEDS_DIR, p.stdout
+    return seeds_job.result()
 
 
 @pytest.mark.background("seeds")
