@@ -278,13 +278,64 @@ def gap(a_teams: list[list[float]], b_teams: list[list[float]]) -> dict:
     return {"gap": s["mean"], "ci": s["ci"], "per_seed": d.tolist()}
 
 
+def tabulate(played: Sequence[tuple[Team, list[float], list[dict]]], num_runs: int) -> dict:
+    """The results of the played teams (:func:`teams` order): ``matrix`` (``cells[a][b]``:
+    :func:`jaxopt_marl.stats.summarize` of the pooled per-episode returns of cell (a, b)'s teams), ``self_play``,
+    ``cross_play``, ``permuted`` (pooled summaries), ``zsc_gap`` = :func:`gap` (self-play, cross-play),
+    ``permutation_gap`` = :func:`gap` (self-play, permuted), and ``teams`` (kind, label, seats, host, returns,
+    episodes).
+
+    Args:
+        played: per team, ``(team, float[E] per-episode team returns, E episode dicts)``; every team on the same
+            E evaluation seeds.
+        num_runs: R.
+    """
+    from jaxopt_marl import stats
+
+    labels = [f"run{i}" for i in range(num_runs)]
+    matrix = [[None] * num_runs for _ in range(num_runs)]
+    for a, b in itertools.product(range(num_runs), repeat=2):
+        vals = [v for t, rets, _ in played if t.kind in ("self", "cross") and t.cell == (a, b) for v in rets]
+        matrix[a][b] = stats.summarize(vals, f"{labels[a]} x {labels[b]}")
+    sp = [rets for t, rets, _ in played if t.kind == "self"]
+    xp = [rets for t, rets, _ in played if t.kind == "cross"]
+    pp = [rets for t, rets, _ in played if t.kind == "perm"]
+    pooled = lambda groups, name: stats.summarize([v for rets in groups for v in rets], name) if groups else None
+    return {
+        "matrix": {"rows": "seat(s) from run a", "cols": "the rest from run b", "labels": labels, "cells": matrix},
+        "self_play": pooled(sp, "self-play"),
+        "cross_play": pooled(xp, "cross-play"),
+        "permuted": pooled(pp, "permuted"),
+        "zsc_gap": {
+            **gap(sp, xp),
+            "definition": "self-play mean - cross-play mean; CI: paired percentile bootstrap over evaluation seeds "
+            "(10,000 resamples) of the per-seed difference",
+        }
+        if xp
+        else None,
+        "permutation_gap": gap(sp, pp) if pp else None,
+        "permutations": "cyclic shifts 1..N-1 of each run's adapters (seat j plays adapter (j + c) mod N)",
+        "teams": [
+            {
+                "kind": t.kind,
+                "label": t.label,
+                "seats": [list(s) for s in t.seats],
+                "host": labels[t.host],
+                "returns": list(rets),
+                "episodes": eps,
+            }
+            for t, rets, eps in played
+        ],
+    }
+
+
 def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = None, progress: bool = True) -> dict:
     """Plays every team of :func:`teams` and writes ``out/crossplay.json`` and ``out/crossplay.md``.
 
     Raises:
         InputError: bad input (module docstring), before any compute.
     """
-    from jaxopt_marl import evaluation, stats
+    from jaxopt_marl import evaluation
 
     runs = [load_run(d) for d in run_dirs]
     check_compatible(runs)
@@ -309,14 +360,6 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
         )
         played.append((t, block.team_returns, block.episodes))
         print(f"{t.label}: team return {np.mean(block.team_returns):.2f}", flush=True)
-    labels = [f"run{i}" for i in range(len(runs))]
-    matrix = [[None] * len(runs) for _ in runs]
-    for a, b in itertools.product(range(len(runs)), repeat=2):
-        vals = [v for t, rets, _ in played if t.kind in ("self", "cross") and t.cell == (a, b) for v in rets]
-        matrix[a][b] = stats.summarize(vals, f"{labels[a]} x {labels[b]}")
-    sp = [rets for t, rets, _ in played if t.kind == "self"]
-    xp = [rets for t, rets, _ in played if t.kind == "cross"]
-    pp = [rets for t, rets, _ in played if t.kind == "perm"]
     result = {
         "game": runs[0].cfg.game,
         "model": runs[0].config.get("model"),
@@ -324,7 +367,7 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
         "units": runs[0].cfg.units,
         "runs": [
             {
-                "label": labels[i],
+                "label": f"run{i}",
                 "dir": str(r.dir),
                 "seed": r.cfg.seed,
                 "library": r.cfg.library,
@@ -334,30 +377,7 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
         ],
         "eval_seeds": evaluation.eval_seeds(runs[0].cfg),
         "episodes": e_count,
-        "matrix": {"rows": "seat(s) from run a", "cols": "the rest from run b", "labels": labels, "cells": matrix},
-        "self_play": stats.summarize([v for rets in sp for v in rets], "self-play"),
-        "cross_play": stats.summarize([v for rets in xp for v in rets], "cross-play") if xp else None,
-        "permuted": stats.summarize([v for rets in pp for v in rets], "permuted") if pp else None,
-        "zsc_gap": {
-            **gap(sp, xp),
-            "definition": "self-play mean - cross-play mean; CI: paired percentile bootstrap "
-            "over evaluation seeds (10,000 resamples) of the per-seed difference",
-        }
-        if xp
-        else None,
-        "permutation_gap": gap(sp, pp) if pp else None,
-        "permutations": "cyclic shifts 1..N-1 of each run's adapters (seat j plays adapter (j + c) mod N)",
-        "teams": [
-            {
-                "kind": t.kind,
-                "label": t.label,
-                "seats": [list(s) for s in t.seats],
-                "host": labels[t.host],
-                "returns": rets,
-                "episodes": eps,
-            }
-            for t, rets, eps in played
-        ],
+        **tabulate(played, len(runs)),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / CROSSPLAY_JSON).write_text(json.dumps(result, indent=2) + "\n")
@@ -430,7 +450,18 @@ def cli(argv: list[str] | None = None) -> Path:
     return run_cli(main, argv)
 
 
-__all__ = ["Team", "assemble", "check_compatible", "crossplay", "gap", "load_adapters", "load_run", "main", "teams"]
+__all__ = [
+    "Team",
+    "assemble",
+    "check_compatible",
+    "crossplay",
+    "gap",
+    "load_adapters",
+    "load_run",
+    "main",
+    "tabulate",
+    "teams",
+]
 
 if __name__ == "__main__":
     cli()

@@ -1,5 +1,5 @@
 """Cross-play (zero-shot coordination, beyond the paper): seat assembly on synthetic stacked adapters, the teams
-enumerated, the paired-bootstrap gap, a run crossed with itself and two runs crossed (the runs and cross-plays of the
+enumerated, the paired-bootstrap gap, the tables of two runs on hand-chosen returns, a run crossed with itself (the
 background job tests/seeds_job.py: cross-play of a run with itself equals its self-play exactly, a ZSC gap of
 exactly 0, self-play replaying the run's eval.json), and bad input."""
 
@@ -97,22 +97,21 @@ def test_a_run_crossed_with_itself(seeds_out):
     assert "ZSC gap (self-play − cross-play):** 0.00" in (seeds_out / "xp_self" / "crossplay.md").read_text()
 
 
-@pytest.mark.background("seeds")
-def test_two_runs_crossed(seeds_out):
-    r = json.loads((seeds_out / "xp" / "crossplay.json").read_text())
-    assert [x["seed"] for x in r["runs"]] == [0, 1] and [x["library"] for x in r["runs"]] == ["canonical"] * 2
-    teams = r["teams"]
-    for i, t in enumerate(teams[:2]):  # each run's self-play replays its own eval.json
-        assert t["episodes"] == _eval(seeds_out / f"seed_{i}")["trained"]["episodes"]
-    cross = [t for t in teams if t["kind"] == "cross"]
-    assert [t["host"] for t in cross] == ["run1", "run1", "run0", "run0"]
+def test_tabulate_two_runs_by_hand():
+    """R = 2 runs of 2 agents on 2 seeds, returns chosen by hand (teams() order)."""
+    rets = [[4, 6], [2, 2], [1, 3], [0, 2], [2, 0], [1, 1], [0, 0], [2, 2]]
+    played = [(t, [float(x) for x in r], []) for t, r in zip(X.teams(2, 2), rets)]
+    r = X.tabulate(played, 2)
     cells = r["matrix"]["cells"]
-    assert cells[0][1]["values"] == cross[0]["returns"] + cross[1]["returns"]
-    sp = np.mean([teams[0]["returns"], teams[1]["returns"]], axis=0)
-    xp = np.mean([t["returns"] for t in cross], axis=0)
-    assert r["zsc_gap"]["per_seed"] == pytest.approx(list(sp - xp), abs=1e-12)
-    assert r["zsc_gap"]["gap"] == pytest.approx(float(np.mean(sp) - np.mean(xp)), abs=1e-12)
-    assert r["zsc_gap"]["gap"] == pytest.approx(r["self_play"]["mean"] - r["cross_play"]["mean"], abs=1e-12)
+    assert cells[0][0]["values"] == [4, 6] and cells[1][1]["values"] == [2, 2]
+    assert cells[0][1]["values"] == [1, 3, 0, 2] and cells[0][1]["mean"] == 1.5
+    assert cells[1][0]["values"] == [2, 0, 1, 1] and cells[1][0]["mean"] == 1.0
+    assert [t["host"] for t in r["teams"] if t["kind"] == "cross"] == ["run1", "run1", "run0", "run0"]
+    assert r["self_play"]["mean"] == 3.5 and r["cross_play"]["mean"] == 1.25 and r["permuted"]["mean"] == 1.0
+    # Per seed: self-play means [3, 4], cross-play means [1, 1.5]: d = [2, 2.5], gap 2.25 = 3.5 - 1.25.
+    assert r["zsc_gap"]["per_seed"] == [2.0, 2.5] and r["zsc_gap"]["gap"] == 2.25
+    assert 2.0 <= r["zsc_gap"]["ci"][0] <= r["zsc_gap"]["ci"][1] <= 2.5
+    assert r["permutation_gap"]["per_seed"] == [2.0, 3.0] and r["permutation_gap"]["gap"] == 2.5
 
 
 def _cli_error(argv, capsys):
