@@ -61,6 +61,7 @@ def build_seeds_parser(prog: str = "python -m experiments.seeds") -> argparse.Ar
     """:func:`experiments.common.build_parser`'s flags (``--seed`` is the first seed) plus ``--game`` and
     ``--seeds``."""
     ap = build_parser(prog)
+    ap._option_string_actions["--seed"].help = "first seed: the runs are seeds SEED .. SEED + N - 1 (default 0)"
     ap.description = "N independent end-to-end runs, one per seed, and their Table 1 summary (paper §6.1)"
     ap.add_argument("--game", required=True, help=f"game: {', '.join(GAMES)}")
     ap.add_argument("--seeds", type=int, default=5, help="number of training seeds (paper Table 1: 5; default 5)")
