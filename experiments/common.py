@@ -8,7 +8,9 @@ Flags (each overrides the preset's value and is recorded in ``config.json``): ``
 (default: ``cpu`` without an accelerator), ``--model``, ``--out``, ``--seed``, ``--resume``, ``--force``,
 ``--rounds``, ``--episode-steps``, ``--num-rollouts`` (``--rollouts``), ``--lora-rank``, ``--temperature``,
 ``--learning-rate``, ``--kl-beta``, ``--min-support``, ``--mode``, ``--eval-episodes``, ``--no-eval-base``,
-``--eval-checkpoint``, ``--solo-episodes``, ``--chunking``; ``--keep-checkpoints`` (a disk setting, not recorded);
+``--eval-checkpoint``, ``--solo-episodes``, ``--chunking``, ``--library auto|NAME`` (the option-library variant,
+:data:`jaxopt_marl.options.LIBRARIES`; ``auto``, the default, draws one with the seed's interface channel,
+:mod:`jaxopt_marl.seeding`; ``config.json`` records the name drawn); ``--keep-checkpoints`` (a disk setting, not recorded);
 ``--debug``; ``--distributed`` with ``--coordinator`` / ``--num-processes`` / ``--process-id`` /
 ``--distributed-timeout`` (one process of a multi-process run, :mod:`jaxopt_marl.distributed`; each setting
 defaults to its variable, ``JAXOPT_MARL_COORDINATOR`` / ``JAXOPT_MARL_NUM_PROCESSES`` / ``JAXOPT_MARL_PROCESS_ID``
@@ -94,6 +96,12 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="run directory (default runs/<game>-<preset>-s<seed>)")
     ap.add_argument("--seed", type=int, default=0, help="run seed")
     ap.add_argument(
+        "--library",
+        default="auto",
+        help="option-library variant: auto (default: drawn with the seed's interface channel, paper §6.1) or a "
+        "registered name (jaxopt_marl.options.LIBRARIES; today: canonical)",
+    )
+    ap.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out from its last checkpoint (same "
@@ -117,14 +125,27 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
     return ap
 
 
-def config_from_args(game: str, args: argparse.Namespace) -> RunConfig:
+def config_from_args(game: str, args: argparse.Namespace, draw: bool = True) -> RunConfig:
     """The :class:`RunConfig` of the preset with the given flags.
+
+    ``draw=False``: ``--library auto`` stands for the canonical library instead of drawing one (the draw runs a
+    JAX computation; the checks made before ``jax.distributed`` starts must not start a backend).
 
     Raises:
         InputError: a bad value (``jaxopt_marl.config``'s ValueError: naming the field and the value).
     """
+    from jaxopt_marl import options
+
     preset = args.preset or default_preset()
     kw = {"seed": args.seed}
+    try:
+        if args.library == options.AUTO and not draw:
+            options.library_names(game)
+            kw["library"] = options.CANONICAL
+        elif isinstance(args.seed, int) and args.seed >= 0:  # a bad seed is RunConfig's to name
+            kw["library"] = options.resolve_library(game, args.library, args.seed)
+    except ValueError as e:
+        raise InputError(f"--library: {e}") from None
     if args.model is not None:  # None: the preset's (smoke: tiny-random; else SmolLM2); "default": SmolLM2
         kw["model"] = None if args.model == DEFAULT_MODEL else args.model
     for dest, field, _, _ in OVERRIDES:
@@ -169,7 +190,7 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
         raise InputError(str(e)) from None
     if settings is not None and args.preset is not None:
         # The process count is known before any process joins: a K it does not split is refused here.
-        check_split(config_from_args(game, args), settings.num_processes)
+        check_split(config_from_args(game, args, draw=False), settings.num_processes)
     try:
         # Before the default preset asks JAX for its backend (jax.distributed must come first).
         ctx = distributed.from_settings(settings)

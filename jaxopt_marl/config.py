@@ -204,6 +204,9 @@ class RunConfig:
     seed: int = 0
     # --model: None = SmolLM2-135M-Instruct GGUF; a GGUF file or HF checkpoint dir; "tiny-random" (tests).
     model: str | None = None
+    # The option-library variant (paper §6.1: each seed draws one; jaxopt_marl.options.LIBRARIES): a registered
+    # name, never "auto" (--library auto is resolved with the seed's interface channel before the config is made).
+    library: str = "canonical"
     # Steps per episode (paper §6.1: 150 Cleanup, 400 Harvest and Overcooked).
     episode_steps: int = 150
     # PA-MAGRPO rounds (not stated in the paper: 100).
@@ -255,6 +258,9 @@ class RunConfig:
         if self.eval_checkpoint not in EVAL_CHECKPOINTS:
             raise ValueError(f"unknown eval checkpoint {self.eval_checkpoint!r}; valid: {', '.join(EVAL_CHECKPOINTS)}")
         _require("seed", self.seed, _int(self.seed) and self.seed >= 0, "an integer >= 0")
+        from jaxopt_marl import options
+
+        options.check_library_name(self.game, self.library)
         for name in (
             "episode_steps",
             "rounds",

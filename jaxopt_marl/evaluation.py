@@ -197,6 +197,26 @@ def choose_adapters(cfg: RunConfig, tr, policy) -> CheckpointChoice:
     )
 
 
+def play(
+    cfg: RunConfig,
+    roller,
+    label: str,
+    *,
+    adapters=None,
+    reference: bool = False,
+    progress: bool = False,
+    desc: str = "eval",
+) -> tuple[artifacts.EvalBlock, object]:
+    """The evaluation's episode loop: ``cfg.eval_episodes`` episodes on :func:`eval_seeds` with :func:`eval_key`,
+    played by ``adapters`` (a stacked adapter state, one adapter per seat: seat j plays adapter j; default the
+    roller's current adapters) or, with ``reference``, the frozen base; returns its :class:`EvalBlock` (labelled
+    ``label``) and the :class:`jaxopt_marl.rollout.RolloutResult`. :func:`evaluate` plays the run's trained adapters
+    and base through it, :mod:`experiments.crossplay` its mixed teams."""
+    seeds, key = eval_seeds(cfg), eval_key(cfg)
+    res = roller.collect(seeds, key, adapters=adapters, round_idx=-1, reference=reference, progress=progress, desc=desc)
+    return eval_block(cfg.game, res, seeds, label), res
+
+
 @dataclasses.dataclass
 class Evaluation:
     """What :func:`evaluate` played and wrote: the record (``eval.json``) and both policies' rollout results."""
@@ -212,13 +232,14 @@ def evaluate(cfg: RunConfig, roller, out: Path, ck: CheckpointChoice, progress: 
     """Plays the evaluation with the policy's current adapters (then the frozen base with ``cfg.eval_base``) and
     writes ``out/eval.json`` and ``out/decisions/eval.jsonl`` (``eval_base.jsonl``)."""
     seeds, key = eval_seeds(cfg), eval_key(cfg)
-    ev_res = roller.collect(seeds, key, round_idx=-1, progress=progress, desc="eval trained")
+    trained_block, ev_res = play(cfg, roller, "trained", progress=progress, desc="eval trained")
     artifacts.save_traces(out / "decisions" / "eval.jsonl", ev_res.traces)
-    trained_block, base_block, base_res = eval_block(cfg.game, ev_res, seeds, "trained"), None, None
+    base_block, base_res = None, None
     if cfg.eval_base:
-        base_res = roller.collect(seeds, key, round_idx=-1, reference=True, progress=progress, desc="eval frozen base")
+        base_block, base_res = play(
+            cfg, roller, "frozen_base", reference=True, progress=progress, desc="eval frozen base"
+        )
         artifacts.save_traces(out / "decisions" / "eval_base.jsonl", base_res.traces)
-        base_block = eval_block(cfg.game, base_res, seeds, "frozen_base")
     record = artifacts.EvalRecord(
         game=cfg.game,
         preset=cfg.preset,
@@ -249,5 +270,6 @@ __all__ = [
     "eval_stats",
     "eval_trajectories",
     "evaluate",
+    "play",
     "write_trajectories",
 ]

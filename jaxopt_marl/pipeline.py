@@ -85,8 +85,8 @@ def _print_header(cfg: RunConfig, out: Path, resume: bool, ckpt_round: int | Non
 
     mcfg = cfg.magrpo
     print(
-        f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} device={jax.devices()[0]} "
-        f"model={cfg.model or DEFAULT_MODEL_NAME} | out={out}"
+        f"jaxopt-marl {cfg.game} | preset={cfg.preset} seed={cfg.seed} library={cfg.library} "
+        f"device={jax.devices()[0]} model={cfg.model or DEFAULT_MODEL_NAME} | out={out}"
     )
     print(
         f"  {cfg.rounds} rounds x K={mcfg.num_rollouts} rollouts x {cfg.episode_steps} steps, {cfg.num_agents} "
@@ -196,7 +196,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     # 0a. On --resume, the burn-in's guards are reused: a corrupt guards.jsonl stops here, naming its file and line
     # (before the heavier imports, the model and the header).
     env = envs_jax.make(cfg.game, max_steps=cfg.episode_steps)
-    lib = options.get_library(cfg.game, env)
+    lib = options.get_library(cfg.game, env, library=cfg.library)
     bdir = out / "burnin"
     guard_path = out / "guards.jsonl"
     guards = None
@@ -212,7 +212,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     )
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
-    from jaxopt_marl import burnin, episode_gif, evaluation, rollout, solo_test, trainer
+    from jaxopt_marl import burnin, episode_gif, evaluation, rollout, seeding, solo_test, trainer
     from jaxopt_marl.compiled_rollout import ChunkConfig, CompiledRoller
     from jaxopt_marl.prompt_ids import PromptIds
 
@@ -222,7 +222,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     # letters that are not single tokens stop here with a message naming the file or the game and the limit.
     t0 = time.perf_counter()
     try:
-        model, tok = rollout.load_policy_model(cfg.model, cfg.lora, seed=cfg.seed)
+        model, tok = rollout.load_policy_model(cfg.model, cfg.lora, seed=seeding.lora_init_seed(cfg.seed))
     except (ValueError, OSError) as e:
         raise InputError(f"model {cfg.model or DEFAULT_MODEL_NAME} could not be loaded: {e}") from None
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
@@ -294,7 +294,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
             model,
             tok,
             pcfg,
-            menu_seed=cfg.seed,
+            menu_seed=seeding.interface_seed(cfg.seed),  # the letter shuffles (jaxopt_marl.seeding)
             batch=batch,
             chunks=chunks,
             prompt=prompt,

@@ -66,7 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxopt_marl import distributed, magrpo
+from jaxopt_marl import distributed, magrpo, seeding
 from jaxopt_marl import progress as progress_lib
 from jaxopt_marl import train_step as ts
 from jaxopt_marl.rollout import Roller, RolloutResult
@@ -88,8 +88,8 @@ def train_seeds(seed: int, round_idx: int, k: int) -> list[int]:
 
 
 def round_key(seed: int, round_idx: int) -> jax.Array:
-    """All randomness of one round: ``fold_in(PRNGKey(seed), round)``."""
-    return jax.random.fold_in(jax.random.PRNGKey(seed), round_idx)
+    """All randomness of one round: ``fold_in(PRNGKey(seed), round)`` (:func:`jaxopt_marl.seeding.round_key`)."""
+    return seeding.round_key(seed, round_idx)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,7 +493,8 @@ class Trainer:
         """Plays, updates and checkpoints round ``state.round``; returns its metrics line."""
         r = self.state.round
         t0 = time.perf_counter()
-        k_roll, k_upd = jax.random.split(round_key(self.tcfg.seed, r))
+        # The rollout and minibatch channels of the run seed (jaxopt_marl.seeding).
+        k_roll, k_upd = seeding.round_keys(self.tcfg.seed, r)
         k = self.mcfg.num_rollouts
         seeds = train_seeds(self.tcfg.seed, r, k)
         share = range(k) if self.dist is None else self.dist.share(k)

@@ -4,6 +4,14 @@ Each game module exposes ``make_library(env) -> OptionLibrary`` (protocol: :mod:
 ``cleanup`` and ``harvest`` are pre-registered: their modules (``jaxopt_marl/options/cleanup.py``,
 ``harvest.py``) only need to define ``make_library``; until they exist :func:`get_library` raises
 :class:`LibraryNotAvailable`.
+
+Library variants (paper §6.1: "each seed also draws one of several option libraries"): :data:`LIBRARIES` maps
+each game to its named variants, each the keyword arguments its factory is called with; today every game has one,
+:data:`CANONICAL` (``{}``: the library as written). Adding a variant is one entry, e.g.
+``LIBRARIES["cleanup"]["terse"] = {"phrasing": "terse"}`` for a factory that takes ``phrasing``. A run names its
+variant (``--library NAME``, :attr:`jaxopt_marl.config.RunConfig.library`, ``config.json``'s ``library``) or
+draws one (``--library auto``: :func:`draw_library`, uniform over the sorted names with the run seed's interface
+channel, :func:`jaxopt_marl.seeding.library_key`).
 """
 
 from __future__ import annotations
@@ -23,14 +31,59 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 GAMES: tuple[str, ...] = tuple(_REGISTRY)
 
+#: The canonical variant of every game's library (the factory's defaults).
+CANONICAL = "canonical"
+#: ``--library auto``: draw a variant with the seed's interface channel.
+AUTO = "auto"
+#: game -> variant name -> the factory's keyword arguments for that variant (one entry per variant).
+LIBRARIES: dict[str, dict[str, dict[str, Any]]] = {game: {CANONICAL: {}} for game in _REGISTRY}
+
+
+def library_names(game: str) -> tuple[str, ...]:
+    """The registered variants of ``game``'s library, sorted by name (the order :func:`draw_library` draws from).
+
+    Raises:
+        ValueError: unknown game.
+    """
+    if game not in LIBRARIES:
+        raise ValueError(f"unknown game {game!r}; games with option libraries: {', '.join(LIBRARIES)}")
+    return tuple(sorted(LIBRARIES[game]))
+
+
+def check_library_name(game: str, name: str) -> None:
+    """ValueError naming ``name`` and the valid variants unless ``name`` is a registered variant of ``game``."""
+    names = library_names(game)
+    if name not in names:
+        raise ValueError(f"unknown option library {name!r} for {game}; valid: {', '.join((AUTO, *names))}")
+
+
+def draw_library(game: str, seed: int) -> str:
+    """The variant ``--library auto`` gives run seed ``seed``: ``library_names(game)[i]`` with ``i`` uniform in
+    ``0..n-1`` drawn by ``jax.random.randint(seeding.library_key(seed), (), 0, n)`` (the interface channel)."""
+    import jax
+
+    from jaxopt_marl import seeding
+
+    names = library_names(game)
+    return names[int(jax.random.randint(seeding.library_key(seed), (), 0, len(names)))]
+
+
+def resolve_library(game: str, name: str, seed: int) -> str:
+    """``name`` itself (checked), or for ``auto`` the variant :func:`draw_library` draws for ``seed``."""
+    if name == AUTO:
+        return draw_library(game, seed)
+    check_library_name(game, name)
+    return name
+
 
 class LibraryNotAvailable(RuntimeError):
     """The game is known but its option library has not been written yet."""
 
 
 def register(game: str, module: str, factory: str = "make_library", **fixed: Any) -> None:
-    """Register (or replace) the option library of ``game``."""
+    """Register (or replace) the option library of ``game`` (with its :data:`CANONICAL` variant)."""
     _REGISTRY[game] = (module, factory, dict(fixed))
+    LIBRARIES.setdefault(game, {CANONICAL: {}})
 
 
 def available(game: str) -> bool:
@@ -59,24 +112,40 @@ def _factory(game: str):
     return getattr(mod, factory)
 
 
-def get_library(game: str, env=None, **config: Any) -> OptionLibrary:
+def get_library(game: str, env=None, library: str = CANONICAL, **config: Any) -> OptionLibrary:
     """The option library of ``game``.
 
     Args:
         game: a game name of :mod:`envs_jax` (``cleanup``, ``harvest``, ``overcooked_aa``, ``overcooked_fc``).
         env: the environment (default: ``envs_jax.make(game)``).
+        library: the variant (a name of :data:`LIBRARIES`; default :data:`CANONICAL`).
         **config: library options (e.g. ``effects="naive"`` for the defect tests on Overcooked).
 
     Raises:
-        ValueError: unknown game.
+        ValueError: unknown game or variant.
         LibraryNotAvailable: the game's library module is not written yet.
     """
     factory = _factory(game)
+    check_library_name(game, library)
     if env is None:
         import envs_jax
 
         env = envs_jax.make(game)
-    return factory(env, **_REGISTRY[game][2], **config)
+    return factory(env, **_REGISTRY[game][2], **{**LIBRARIES[game][library], **config})
 
 
-__all__ = ["GAMES", "LibraryNotAvailable", "OptionLibrary", "available", "get_library", "register"]
+__all__ = [
+    "AUTO",
+    "CANONICAL",
+    "GAMES",
+    "LIBRARIES",
+    "LibraryNotAvailable",
+    "OptionLibrary",
+    "available",
+    "check_library_name",
+    "draw_library",
+    "get_library",
+    "library_names",
+    "register",
+    "resolve_library",
+]

@@ -1,0 +1,346 @@
+"""``python -m experiments.seeds --game G --seeds N``: N independent training runs, one per seed (paper §6.1, Table 1).
+
+"Table 1 reports mean ± std over five independent training seeds, and each seed also draws one of several option
+libraries." Seed ``s`` (``--seed`` s0 .. s0 + N - 1, default 0 .. N - 1) is a normal end-to-end run
+(:func:`jaxopt_marl.pipeline.run`: burn-in -> guards -> PA-MAGRPO -> evaluation -> report) into
+``OUT/seed_<s>/``, with every one of its four random channels (interface: library draw and letter shuffles; LoRA
+initialisation; rollout stochasticity; minibatch order) derived from ``s`` (:mod:`jaxopt_marl.seeding`) and
+``--library auto`` (the default) drawing its option library with the interface channel. The other flags are the
+training entry points' (:mod:`experiments.common`: ``--preset``, ``--model``, ``--rounds``, ``--eval-episodes``,
+...), passed to every seed's run.
+
+Then ``OUT/seeds.json`` and ``OUT/seeds.md`` (:func:`summarize`): per seed the library drawn, the evaluated
+adapters (``best`` or ``final``, and the round), the trained adapters' mean ± sample std of the evaluation team
+return with its 95% percentile bootstrap CI (from the run's ``eval.json``, :mod:`jaxopt_marl.stats`) and the
+frozen base's; across seeds the Table 1 figure, mean ± sample std (ddof 1) of the per-seed trained means (and
+of the base's), with a bootstrap CI over the seeds (:func:`jaxopt_marl.stats.summarize` of the per-seed means).
+Units: the game's team return (apples eaten, soups delivered).
+
+``--resume``: a seed whose run finished (``report.md`` written) with the same settings is skipped; a cut one is
+resumed cell by cell (:func:`jaxopt_marl.pipeline.run` with ``resume``: from its last checkpoint, or its burn-in);
+one never started is started. Without ``--resume`` (or ``--force``) an existing ``OUT/seed_<s>/`` is refused
+before any compute. ``--out`` defaults to ``runs/<game>-<preset>-seeds``.
+
+``--distributed`` (the flags and variables of :mod:`jaxopt_marl.distributed`, issue #17): the N seeds split over
+the P processes, process p runs seeds ``[p N/P, (p+1) N/P)`` (independent runs: no cross-process collectives;
+JAX is not joined into one distributed runtime, so each process computes on its own devices and its checkpoints
+stay its own), writes ``OUT/processes/p<p>.json`` when its share is done (or failed), and process 0 waits for
+every process's file (a barrier on the shared ``OUT``, which must be one file system for all processes, up to
+:data:`jaxopt_marl.distributed.LONG_WAIT` seconds) before it writes the summary. An N that does not divide over
+P is refused before any compute, naming both (the coordinator address is accepted but not used).
+
+Bad input (unknown game, preset or library, ``--seeds`` < 1, an existing seed directory without ``--resume``,
+any check of :mod:`experiments.common` / :func:`jaxopt_marl.pipeline.run`) is one line ``error: ...`` and exit
+status 2 (:mod:`experiments.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from experiments.cli import InputError, positive, run_cli
+from experiments.common import build_parser, config_from_args, default_preset
+from jaxopt_marl.config import GAMES, PRESETS, RunConfig
+
+#: Files of the summary.
+SUMMARY_JSON, SUMMARY_MD = "seeds.json", "seeds.md"
+#: Sub-directory of the per-process completion files (the ``--distributed`` barrier).
+PROCESS_DIR = "processes"
+
+
+def seed_dir(out: Path, seed: int) -> Path:
+    """``OUT/seed_<seed>``: the run directory of one seed."""
+    return Path(out) / f"seed_{seed}"
+
+
+def build_seeds_parser(prog: str = "python -m experiments.seeds") -> argparse.ArgumentParser:
+    """:func:`experiments.common.build_parser`'s flags (``--seed`` is the first seed) plus ``--game`` and
+    ``--seeds``."""
+    ap = build_parser(prog)
+    ap._option_string_actions["--seed"].help = "first seed: the runs are seeds SEED .. SEED + N - 1 (default 0)"
+    ap.description = "N independent end-to-end runs, one per seed, and their Table 1 summary (paper §6.1)"
+    ap.add_argument("--game", required=True, help=f"game: {', '.join(GAMES)}")
+    ap.add_argument("--seeds", type=int, default=5, help="number of training seeds (paper Table 1: 5; default 5)")
+    return ap
+
+
+def share(seeds: list[int], num_processes: int, process_id: int) -> list[int]:
+    """Process ``process_id``'s contiguous share of ``seeds`` (``len(seeds) / num_processes`` of them).
+
+    Raises:
+        ValueError: ``len(seeds)`` does not divide over ``num_processes`` (both named).
+    """
+    n = len(seeds)
+    if num_processes < 1 or n % num_processes:
+        raise ValueError(
+            f"--seeds {n} does not split over {num_processes} processes: each process runs whole seeds, so the "
+            f"seed count must be a multiple of the process count (e.g. --seeds {num_processes * max(1, -(-n // num_processes))})"
+        )
+    per = n // num_processes
+    return seeds[process_id * per : (process_id + 1) * per]
+
+
+def finished(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` holds a finished run (``report.md`` and ``eval.json`` written) of exactly ``cfg``
+    (every ``config.json`` key equal, the evaluation ones too: a changed evaluation flag re-evaluates)."""
+    if not ((run_dir / "report.md").exists() and (run_dir / "eval.json").exists()):
+        return False
+    try:
+        old = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    new = json.loads(json.dumps(cfg.flat_dict()))
+    return all(old.get(k) == v for k, v in new.items())
+
+
+def plan(out: Path, cfgs: dict[int, RunConfig], resume: bool, force: bool) -> dict[int, str]:
+    """``{seed: "skip" | "resume" | "start" | "force"}`` for this process's seeds, checked before any compute.
+
+    Raises:
+        InputError: without ``resume`` / ``force``, a seed's directory exists (named).
+    """
+    out_plan = {}
+    for s, cfg in cfgs.items():
+        d = seed_dir(out, s)
+        exists = d.exists() and any(d.iterdir())
+        if resume:
+            if finished(d, cfg):
+                out_plan[s] = "skip"
+            elif exists and (d / "config.json").exists():
+                from jaxopt_marl import preflight
+
+                preflight.prepare_run_dir(cfg, d, True, False)  # other flags than the run's: refused now
+                out_plan[s] = "resume"
+            else:  # never started, or cut before its config.json: start afresh
+                out_plan[s] = "force" if exists else "start"
+        elif exists and not force:
+            raise InputError(
+                f"seed {s}: run directory {d} exists; pass --resume to skip finished seeds and continue cut ones, "
+                f"or --force to start every seed afresh"
+            )
+        else:
+            out_plan[s] = "force" if exists else "start"
+    return out_plan
+
+
+def _ci(ci) -> str:
+    return "—" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _pm(s: dict | None) -> str:
+    if s is None or s.get("mean") is None:
+        return "—"
+    return f"{s['mean']:.2f} ± {s['std']:.2f}" if s.get("std") is not None else f"{s['mean']:.2f}"
+
+
+def summarize(out: Path, seeds: list[int]) -> dict:
+    """``OUT/seeds.json`` and ``OUT/seeds.md`` from the seeds' ``config.json`` and ``eval.json``; returns the
+    JSON object.
+
+    ``runs[i]``: ``seed``, ``dir``, ``library``, ``eval_checkpoint``, ``checkpoint_round``, ``trained`` and
+    ``base`` (``{"n", "values", "mean", "std", "ci"}`` of the per-episode team return: eval.json's
+    ``stats.trained`` / ``stats.base``; base None when not evaluated). ``across_seeds``: ``trained`` and ``base``
+    as :func:`jaxopt_marl.stats.summarize` of the per-seed means (``mean`` the Table 1 mean, ``std`` the sample
+    std over seeds, ``ci`` the bootstrap CI over seeds), and ``libraries`` ``{name: seeds that drew it}``.
+
+    Raises:
+        InputError: a seed's ``eval.json`` or ``config.json`` is missing or unreadable (named).
+    """
+    from jaxopt_marl import artifacts, stats
+
+    runs, cfg0 = [], None
+    for s in seeds:
+        d = seed_dir(out, s)
+        try:
+            cfg = json.loads((d / "config.json").read_text())
+            ev = artifacts.EvalRecord.load(d / "eval.json")
+        except (OSError, ValueError, artifacts.ArtifactError) as e:
+            raise InputError(f"seed {s}: {d} has no readable config.json / eval.json ({e})") from None
+        cfg0 = cfg0 or cfg
+        st = ev.stats or stats.eval_stats(ev.trained.team_returns, ev.base.team_returns if ev.base else None)
+        strip = lambda b: None if b is None else {k: b[k] for k in ("n", "values", "mean", "std", "ci")}
+        runs.append(
+            {
+                "seed": s,
+                "dir": d.name,
+                "library": cfg.get("library", "canonical"),
+                "eval_checkpoint": ev.eval_checkpoint,
+                "checkpoint_round": ev.checkpoint_round,
+                "trained": strip(st["trained"]),
+                "base": strip(st.get("base")),
+            }
+        )
+    across = {
+        "trained": stats.summarize([r["trained"]["mean"] for r in runs], "per-seed trained means"),
+        "base": (
+            stats.summarize([r["base"]["mean"] for r in runs], "per-seed base means")
+            if all(r["base"] is not None for r in runs)
+            else None
+        ),
+    }
+    libs: dict[str, list[int]] = {}
+    for r in runs:
+        libs.setdefault(r["library"], []).append(r["seed"])
+    from jaxopt_marl.games import info
+
+    game = cfg0["game"]
+    summary = {
+        "game": game,
+        "preset": cfg0.get("preset"),
+        "model": cfg0.get("model"),
+        "units": info(game).return_unit,
+        "seeds": list(seeds),
+        "source": "paper §6.1 / Table 1: mean ± sample std over independent training seeds of the evaluated "
+        "team return; per seed, the 95% percentile bootstrap CI over its evaluation episodes",
+        "runs": runs,
+        "across_seeds": {**across, "libraries": libs},
+    }
+    (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [
+        f"# {game}: {len(seeds)} training seeds (paper §6.1, Table 1)",
+        "",
+        f"Preset `{summary['preset']}`, model `{summary['model'] or 'SmolLM2-135M-Instruct'}`; team return in "
+        f"{summary['units']}; each seed's mean ± std and 95% bootstrap CI over its evaluation episodes.",
+        "",
+        "| seed | library | adapters | trained mean ± std | trained 95% CI | base mean ± std | base 95% CI |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        b = r["base"]
+        lines.append(
+            f"| {r['seed']} | {r['library']} | {r['eval_checkpoint']} (round {r['checkpoint_round']}) | "
+            f"{_pm(r['trained'])} | {_ci(r['trained']['ci'])} | {_pm(b)} | {_ci(b['ci'] if b else None)} |"
+        )
+    t, b = across["trained"], across["base"]
+    lines += [
+        "",
+        f"**Across seeds (Table 1):** trained {_pm(t)} (bootstrap CI over seeds {_ci(t['ci'])})"
+        + (f"; frozen base {_pm(b)} ({_ci(b['ci'])})" if b else "")
+        + f", mean ± sample std of the {len(runs)} per-seed means.",
+        "",
+        "Libraries drawn: " + ", ".join(f"{k} (seeds {', '.join(map(str, v))})" for k, v in libs.items()) + ".",
+        "",
+    ]
+    (out / SUMMARY_MD).write_text("\n".join(lines))
+    return summary
+
+
+def _process_file(out: Path, p: int) -> Path:
+    return Path(out) / PROCESS_DIR / f"p{p}.json"
+
+
+def _mark(out: Path, p: int, seeds: list[int], error: str | None) -> None:
+    f = _process_file(out, p)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"process": p, "seeds": seeds, "ok": error is None, "error": error}) + "\n")
+    tmp.replace(f)
+
+
+def _barrier(out: Path, num_processes: int, timeout: float) -> None:
+    """Process 0 waits until every process's completion file exists; a failed process stops it (named)."""
+    t0 = time.monotonic()
+    while True:
+        missing = [p for p in range(num_processes) if not _process_file(out, p).exists()]
+        if not missing:
+            break
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"experiments.seeds: processes {missing} did not finish within {timeout:.0f} s")
+        time.sleep(2.0)
+    for p in range(num_processes):
+        d = json.loads(_process_file(out, p).read_text())
+        if not d["ok"]:
+            raise RuntimeError(f"experiments.seeds: process {p} (seeds {d['seeds']}) failed: {d['error']}")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Parse, check every seed's configuration and directory, run this process's seeds, summarize; returns OUT."""
+    ap = build_seeds_parser()
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.game not in GAMES:
+        raise InputError(f"unknown game {args.game!r}; valid games: {', '.join(GAMES)}")
+    if args.preset is not None and args.preset not in PRESETS:
+        raise InputError(f"unknown preset {args.preset!r}; valid presets: {', '.join(PRESETS)}")
+    positive("--seeds", args.seeds)
+    if args.resume and args.force:
+        raise InputError("--resume and --force exclude each other")
+    from jaxopt_marl import distributed
+
+    try:
+        settings = distributed.requested(args)  # checked before JAX starts
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    num, pid = 1, 0
+    if settings is not None:
+        if settings.auto:
+            raise InputError(
+                "experiments.seeds --distributed needs the process count and id (--num-processes / "
+                f"{distributed.ENV_NUM_PROCESSES[0]}, --process-id / {distributed.ENV_PROCESS_ID[0]}): its "
+                "independent runs do not join jax.distributed, so the cluster's own discovery is not used"
+            )
+        num, pid = settings.num_processes, settings.process_id
+    try:
+        mine = share(seeds, num, pid)
+    except ValueError as e:
+        raise InputError(f"--distributed: {e}") from None
+    preset = args.preset or default_preset()
+    out = Path(args.out or f"runs/{args.game}-{preset}-seeds")
+    cfgs = {}
+    for s in mine:
+        args.seed = s
+        cfgs[s] = config_from_args(args.game, args)
+    todo = plan(out, cfgs, args.resume, args.force)
+    print(
+        f"experiments.seeds {args.game}: seeds {seeds[0]}..{seeds[-1]} -> {out}"
+        + (f" (process {pid} of {num}: seeds {mine})" if num > 1 else "")
+    )
+    from jaxopt_marl.pipeline import run
+
+    error = None
+    try:
+        for s in mine:
+            d = seed_dir(out, s)
+            print(f"== seed {s} ({cfgs[s].library} library): {todo[s]} -> {d}", flush=True)
+            if todo[s] == "skip":
+                continue
+            run(
+                cfgs[s],
+                d,
+                resume=todo[s] == "resume",
+                force=todo[s] == "force",
+                keep_checkpoints=args.keep_checkpoints,
+            )
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        if num > 1:
+            _mark(out, pid, mine, error)
+    if pid != 0:
+        return out
+    if num > 1:
+        _barrier(out, num, distributed.LONG_WAIT)
+    s = summarize(out, seeds)
+    t = s["across_seeds"]["trained"]
+    print(
+        f"across {len(seeds)} seeds: trained {_pm(t)} {s['units']}"
+        + (f"; frozen base {_pm(s['across_seeds']['base'])}" if s["across_seeds"]["base"] else "")
+    )
+    print(f"wrote {out / SUMMARY_JSON}\nwrote {out / SUMMARY_MD}")
+    return out
+
+
+def cli(argv: list[str] | None = None) -> Path:
+    """:func:`main` under :func:`experiments.cli.run_cli` (bad input: one line ``error: ...``, exit 2)."""
+    return run_cli(main, argv)
+
+
+__all__ = ["build_seeds_parser", "cli", "finished", "main", "plan", "seed_dir", "share", "summarize"]
+
+if __name__ == "__main__":
+    cli()

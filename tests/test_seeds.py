@@ -1,0 +1,166 @@
+"""Training seeds (paper §6.1, Table 1): the four seed channels (:mod:`jaxopt_marl.seeding`), the option-library
+registry and ``--library``, and ``python -m experiments.seeds`` end to end (2 seeds of the smoke preset on the
+tiny model, the background job of tests/seeds_job.py), its ``--resume`` and its bad input."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import common, seeds
+from experiments.cli import InputError
+from jaxopt_marl import menus, options, seeding, trainer
+from jaxopt_marl.config import RunConfig
+from tests import seeds_job
+from tests.seeds_job import SEEDS_ARGS
+
+
+def test_channels_differ_between_seeds_and_reproduce():
+    a, b, a2 = seeding.channel_values(0), seeding.channel_values(1), seeding.channel_values(0)
+    assert set(a) == set(seeding.CHANNELS)
+    for ch in seeding.CHANNELS:
+        assert not np.array_equal(a[ch], b[ch]), ch
+        assert np.array_equal(a[ch], a2[ch]), ch
+    # Round 3 of seed 0 differs from round 0 in both per-round channels.
+    r3 = seeding.channel_values(0, round_idx=3)
+    assert not np.array_equal(r3["rollout"], a["rollout"]) and not np.array_equal(r3["minibatch"], a["minibatch"])
+
+
+def test_channels_keep_the_existing_derivations():
+    """The runs' draws are those of before the channels were named: existing run directories are unchanged."""
+    for s, r in ((0, 0), (7, 5)):
+        k_roll, k_upd = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(s), r))
+        assert np.array_equal(seeding.rollout_key(s, r), k_roll)
+        assert np.array_equal(seeding.minibatch_key(s, r), k_upd)
+        assert np.array_equal(trainer.round_key(s, r), jax.random.fold_in(jax.random.PRNGKey(s), r))
+        assert seeding.lora_init_seed(s) == s and seeding.interface_seed(s) == s
+        assert np.array_equal(menus.decision_key(seeding.interface_seed(s), 2, 1, 4), menus.decision_key(s, 2, 1, 4))
+    assert np.array_equal(seeding.library_key(3), jax.random.fold_in(jax.random.PRNGKey(3), seeding.LIBRARY_FOLD))
+    with pytest.raises(ValueError, match="seed must be an integer >= 0, got -1"):
+        seeding.library_key(-1)
+
+
+def test_library_registry_and_draw(monkeypatch):
+    for g in options.GAMES:
+        assert options.library_names(g) == ("canonical",)
+        assert {options.draw_library(g, s) for s in range(5)} == {"canonical"}
+    # A second variant is one entry; auto then draws both over seeds, reproducibly, from the interface channel.
+    monkeypatch.setitem(options.LIBRARIES, "cleanup", {"canonical": {}, "variant_x": {}})
+    drawn = [options.draw_library("cleanup", s) for s in range(20)]
+    assert set(drawn) == {"canonical", "variant_x"}
+    assert drawn == [options.draw_library("cleanup", s) for s in range(20)]
+    want = [("canonical", "variant_x")[int(jax.random.randint(seeding.library_key(s), (), 0, 2))] for s in range(20)]
+    assert drawn == want
+    assert options.resolve_library("cleanup", "variant_x", 0) == "variant_x"
+    with pytest.raises(
+        ValueError, match="unknown option library 'nope' for cleanup; valid: auto, canonical, variant_x"
+    ):
+        options.resolve_library("cleanup", "nope", 0)
+
+
+def test_library_flag_is_recorded_and_checked():
+    ap = common.build_parser("x")
+    cfg = common.config_from_args("harvest", ap.parse_args(["--preset", "smoke", "--seed", "4"]))
+    assert cfg.library == "canonical" and cfg.flat_dict()["library"] == "canonical"
+    with pytest.raises(InputError, match="--library: unknown option library 'terse' for harvest"):
+        common.config_from_args("harvest", ap.parse_args(["--preset", "smoke", "--library", "terse"]))
+    with pytest.raises(ValueError, match="unknown option library 'auto'"):
+        RunConfig.smoke("harvest", library="auto")  # the config holds a drawn name, never auto
+
+
+def test_share_and_refusal():
+    assert seeds.share([0, 1, 2, 3], 2, 0) == [0, 1] and seeds.share([0, 1, 2, 3], 2, 1) == [2, 3]
+    assert seeds.share([5, 6, 7], 1, 0) == [5, 6, 7]
+    with pytest.raises(ValueError, match="--seeds 3 does not split over 2 processes"):
+        seeds.share([0, 1, 2], 2, 0)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--game", "pong"], "unknown game 'pong'"),
+        (["--game", "harvest", "--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (
+            ["--game", "harvest", "--seeds", "3", "--preset", "smoke", "--num-processes", "2", "--process-id", "0"]
+            + ["--coordinator", "127.0.0.1:1"],
+            "--seeds 3 does not split over 2 processes",
+        ),
+        (["--game", "harvest", "--library", "terse", "--preset", "smoke"], "unknown option library 'terse'"),
+    ],
+)
+def test_bad_input_exits_2(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        seeds.cli([*argv, "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_barrier_files(tmp_path):
+    seeds._mark(tmp_path, 0, [0], None)
+    seeds._mark(tmp_path, 1, [1], None)
+    seeds._barrier(tmp_path, 2, timeout=1)
+    seeds._mark(tmp_path, 1, [1], "RuntimeError: boom")
+    with pytest.raises(RuntimeError, match=r"process 1 \(seeds \[1\]\) failed: RuntimeError: boom"):
+        seeds._barrier(tmp_path, 2, timeout=1)
+    with pytest.raises(RuntimeError, match=r"processes \[2\] did not finish"):
+        seeds._barrier(tmp_path, 3, timeout=0)
+
+
+@pytest.fixture(scope="module")
+def seeds_run():
+    return seeds_job.result()
+
+
+@pytest.mark.background("seeds")
+def test_seeds_summary_matches_the_runs(seeds_run):
+    out, stdout = seeds_run
+    s = json.loads((out / "seeds.json").read_text())
+    assert s["seeds"] == [0, 1] and [r["seed"] for r in s["runs"]] == [0, 1]
+    means = []
+    for r in s["runs"]:
+        d = out / f"seed_{r['seed']}"
+        cfg = json.loads((d / "config.json").read_text())
+        ev = json.loads((d / "eval.json").read_text())
+        assert cfg["seed"] == r["seed"] and cfg["library"] == r["library"] == "canonical"
+        assert cfg["rounds"] == 1 and cfg["eval_episodes"] == 2
+        rets = [e["team_return"] for e in ev["trained"]["episodes"]]
+        assert r["trained"]["values"] == rets and r["trained"]["mean"] == pytest.approx(np.mean(rets), abs=1e-12)
+        assert r["trained"]["ci"] == ev["stats"]["trained"]["ci"]
+        assert r["base"]["values"] == [e["team_return"] for e in ev["base"]["episodes"]]
+        means.append(np.mean(rets))
+    t = s["across_seeds"]["trained"]
+    assert t["values"] == pytest.approx(means) and t["mean"] == pytest.approx(np.mean(means), abs=1e-12)
+    assert t["std"] == pytest.approx(np.std(means, ddof=1), abs=1e-12)
+    assert s["across_seeds"]["libraries"] == {"canonical": [0, 1]}
+    md = (out / "seeds.md").read_text()
+    assert "Across seeds (Table 1)" in md and "| 1 | canonical |" in md
+    assert f"wrote {out / 'seeds.json'}" in stdout
+
+
+@pytest.mark.background("seeds")
+def test_seeds_resume_skips_finished_and_resumes_cut(seeds_run, tmp_path, capsys):
+    out, _ = seeds_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    before = json.loads((copy / "seeds.json").read_text())
+    # Both seeds finished: --resume runs nothing and writes the same summary.
+    seeds.main([*SEEDS_ARGS, "--out", str(copy), "--resume"])
+    stdout = capsys.readouterr().out
+    assert "== seed 0 (canonical library): skip" in stdout and "== seed 1 (canonical library): skip" in stdout
+    assert json.loads((copy / "seeds.json").read_text()) == before
+    # A cut seed (no report yet) is resumed, a never-started one started; without --resume both are refused.
+    (copy / "seed_1" / "report.md").unlink()
+    shutil.rmtree(copy / "seed_0")
+    ap = seeds.build_seeds_parser()
+    cfgs = {s: common.config_from_args("overcooked_aa", ap.parse_args([*SEEDS_ARGS, "--seed", str(s)])) for s in (0, 1)}
+    assert seeds.plan(copy, cfgs, resume=True, force=False) == {0: "start", 1: "resume"}
+    with pytest.raises(InputError, match="seed 1: run directory .*seed_1 exists; pass --resume"):
+        seeds.plan(copy, cfgs, resume=False, force=False)
+    # A finished seed whose evaluation flags changed is resumed (re-evaluated), not skipped.
+    shutil.copytree(out / "seed_1", copy / "seed_1", dirs_exist_ok=True)
+    cfgs[1] = cfgs[1].replace(eval_episodes=3)
+    assert seeds.plan(copy, cfgs, resume=True, force=False)[1] == "resume"
