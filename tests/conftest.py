@@ -32,8 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # The runs' persistent JAX compilation cache (jaxopt_marl.pipeline.run): one fresh directory per test process, so
 # the tests never write the repository's runs/.jax_cache, start cold like CI, and two test processes never share
 # one. A directory the user set is kept.
-if "JAXOPT_MARL_JAX_CACHE" not in os.environ:
+# (An xdist worker inherits its controller's directory, marked by _OWN_CACHE, and makes its own.)
+_OWN_CACHE = "JAXOPT_MARL_TEST_OWN_JAX_CACHE"
+if "JAXOPT_MARL_JAX_CACHE" not in os.environ or os.environ.get(_OWN_CACHE):
     os.environ["JAXOPT_MARL_JAX_CACHE"] = tempfile.mkdtemp(prefix="jaxopt-marl-test-cache-")
+    os.environ[_OWN_CACHE] = "1"
     atexit.register(shutil.rmtree, os.environ["JAXOPT_MARL_JAX_CACHE"], ignore_errors=True)
 # The in-process tests' persistent compilation cache: a fresh directory of their own (not the runs'), so a program
 # that several tests compile (the same computation traced again by another jit closure: a train step or a model
@@ -82,9 +85,10 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     """Start the background jobs the selected tests will ask for, in the order they first ask (``smoke_run``:
     Overcooked AA's smoke run; ``smoke_runs``: the test's ``game`` parameter, else every game; the
-    ``background`` marker's name). Not under pytest-xdist, whose workers each collect every test but run only
-    some (there the jobs start on first use), nor for ``--collect-only``."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly:
+    ``background`` marker's name). Under pytest-xdist every worker collects every test and queues every job, and
+    the workers share them (tests/background.py: each job plays once, in the first process to take it). Not for
+    ``--collect-only``."""
+    if config.option.collectonly:
         return
     names = []
     for item in items:
