@@ -218,12 +218,12 @@ def main(args: Args) -> dict:
     from jaxopt_marl import options
     from jaxopt_marl.preflight import check_out_dir
 
-    check_out_dir(args.out)
     if args.policy == "llm":
         from jaxopt_marl.config import DEFAULT_MODEL
         from jaxopt_marl.preflight import check_model
 
         check_model(None if args.model in (None, DEFAULT_MODEL) else args.model)
+    check_out_dir(args.out)
     try:
         lib = options.get_library(args.game)
     except options.LibraryNotAvailable as e:

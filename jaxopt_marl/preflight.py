@@ -37,7 +37,8 @@ def check_model(model: str | None) -> None:
     """A model path must hold weights: a GGUF file whose header, tensor table and tensor sizes fit its metadata
     and the file's size (:func:`lora.gguf_loader.check_gguf`, milliseconds: a truncated file is caught here,
     not when the weights are read), or an HF dir with config.json and *.safetensors whose headers fit their
-    sizes (:func:`lora.hf_loader.check_safetensors`).
+    sizes (:func:`lora.hf_loader.check_safetensors`) and a config.json the loader can map
+    (:func:`lora.hf_loader.read_hf_config`: its shape and field types).
 
     Raises:
         InputError: naming the path and the cause (missing, not .gguf, no weights, truncated, misshapen).
@@ -55,13 +56,17 @@ def check_model(model: str | None) -> None:
     if p.is_dir():
         if not (p / "config.json").exists() or not any(p.glob("*.safetensors")):
             raise InputError(f"model directory {model} has no weights (needs config.json and *.safetensors)")
-        from lora.hf_loader import check_safetensors
+        from lora.hf_loader import check_safetensors, read_hf_config
 
         for shard in sorted(p.glob("*.safetensors")):
             try:
                 check_safetensors(str(shard))
             except (ValueError, OSError) as e:
                 raise InputError(f"model {e}") from None
+        try:
+            read_hf_config(str(p))  # config.json only: its shape and types, no weights read
+        except (ValueError, OSError) as e:
+            raise InputError(f"model {e}") from None
     elif p.is_file():
         if p.suffix != ".gguf":
             raise InputError(f"model file {model} is not a .gguf file")

@@ -11,6 +11,8 @@ decoders of Gemma 4 (``models/gemma4/configuration_gemma4.py``, ``Gemma4TextConf
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 # Architectures the decoder implements; everything else is refused at load time.
@@ -23,6 +25,16 @@ LAYERWISE_ARCHITECTURES = ("gemma4", "qwen3_5")
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 ALL_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+# ModelConfig fields that must be positive ints (checked before the head-count arithmetic of ``__post_init__``).
+_POSITIVE_INT_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +113,14 @@ class ModelConfig:
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"unsupported architecture {self.architecture!r}; supported: {SUPPORTED_ARCHITECTURES}")
+        for name in _POSITIVE_INT_FIELDS:
+            v = getattr(self, name)
+            if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, name)
+            if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.hidden_activation not in ("silu", "gelu_pytorch_tanh"):

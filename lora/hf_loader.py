@@ -10,6 +10,7 @@ are skipped by :func:`lora.backbones.build_layerwise`.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -116,20 +117,95 @@ def _layerwise_fields(hf: dict, arch: str, source: str) -> dict:
     return out
 
 
+# config.json fields the mapping reads, by the type each must have (after ``text_config`` is unwrapped).
+_REQUIRED_POSITIVE_INTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+_OPTIONAL_POSITIVE_INTS = (
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "sliding_window",
+    "global_head_dim",
+    "num_global_key_value_heads",
+    "full_attention_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+)
+_OPTIONAL_NONNEGATIVE_INTS = ("num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input")
+_OPTIONAL_POSITIVE_FLOATS = ("rope_theta", "rms_norm_eps", "final_logit_softcapping", "partial_rotary_factor")
+_OPTIONAL_BOOLS = ("tie_word_embeddings", "attention_bias", "attention_k_eq_v", "use_double_wide_mlp")
+_OPTIONAL_STRS = ("hidden_act", "hidden_activation")
+_OPTIONAL_DICTS = ("rope_parameters", "rope_scaling", "per_layer_config")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_hf_fields(hf, source: str, where: str = "") -> None:
+    """Checks the shape and types of the (text) config dict ``hf`` that :func:`config_from_hf` reads.
+
+    Raises:
+      ValueError: naming ``source``, the field (``where`` prefixes it, e.g. ``text_config.``) and its value: not a
+        JSON object, a required field missing, an int that is not a positive int, a float that is not a finite
+        positive number, a bool / str / object field of another type, or ``layer_types`` not a list of strings.
+    """
+    if not isinstance(hf, dict):
+        raise ValueError(f"{source}: {where.rstrip('.') or 'config'} must be a JSON object, got {hf!r}")
+    for key in _REQUIRED_POSITIVE_INTS:
+        if key not in hf:
+            raise ValueError(f"{source}: required field {where}{key} is missing")
+    for key in _REQUIRED_POSITIVE_INTS + _OPTIONAL_POSITIVE_INTS:
+        v = hf.get(key)
+        if (key in _REQUIRED_POSITIVE_INTS or v is not None) and not (_is_int(v) and v > 0):
+            raise ValueError(f"{source}: {where}{key} must be a positive integer, got {v!r}")
+    for key in _OPTIONAL_NONNEGATIVE_INTS:
+        v = hf.get(key)
+        if v is not None and not (_is_int(v) and v >= 0):
+            raise ValueError(f"{source}: {where}{key} must be a non-negative integer, got {v!r}")
+    for key in _OPTIONAL_POSITIVE_FLOATS:
+        v = hf.get(key)
+        if v is not None and not (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        ):
+            raise ValueError(f"{source}: {where}{key} must be a finite number > 0, got {v!r}")
+    for key, kind, name in (
+        *((k, bool, "true or false") for k in _OPTIONAL_BOOLS),
+        *((k, str, "a string") for k in _OPTIONAL_STRS),
+        *((k, dict, "a JSON object") for k in _OPTIONAL_DICTS),
+    ):
+        v = hf.get(key)
+        if v is not None and not isinstance(v, kind):
+            raise ValueError(f"{source}: {where}{key} must be {name}, got {v!r}")
+    lt = hf.get("layer_types")
+    if lt is not None and not (isinstance(lt, list) and all(isinstance(x, str) for x in lt)):
+        raise ValueError(f"{source}: {where}layer_types must be a list of strings, got {lt!r}")
+
+
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
     """Maps an HF ``config.json`` dict to :class:`ModelConfig`.
 
     Raises:
-      ValueError: on an unsupported ``model_type`` (naming ``source``).
+      ValueError: naming ``source``: not a JSON object, an unsupported ``model_type``, a ``text_config`` that is not
+        an object, or a field missing or of the wrong type (naming the field and its value).
     """
+    if not isinstance(hf, dict):
+        raise ValueError(f"{source}: config must be a JSON object, got {hf!r}")
     model_type = hf.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ValueError(
             f"{source}: unsupported architecture model_type={model_type!r} "
             f"(architectures={hf.get('architectures')}); supported: {sorted(MODEL_TYPES)}"
         )
+    if "text_config" in hf and not isinstance(hf["text_config"], dict):
+        raise ValueError(f"{source}: text_config must be a JSON object, got {hf['text_config']!r}")
+    where = ""
     if model_type in _WRAPPERS and "text_config" in hf:
         hf = dict(hf["text_config"], tie_word_embeddings=hf.get("tie_word_embeddings", True))
+        where = "text_config."
+    _check_hf_fields(hf, source, where)
     arch = MODEL_TYPES[model_type]
     n_head = hf["num_attention_heads"]
     # transformers >= 5 saves RoPE settings under "rope_parameters" (theta included) instead of the

@@ -408,3 +408,88 @@ def test_the_command_line_exits_2_with_one_line(tmp_path):
 def test_input_error_is_a_system_exit_with_the_message():
     e = InputError("x is bad")
     assert isinstance(e, SystemExit) and e.code == "error: x is bad"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A model dir whose config.json is valid JSON of the wrong shape
+# ---------------------------------------------------------------------------------------------------------
+
+_HF_BASE = dict(
+    model_type="llama", vocab_size=6, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16
+)
+
+
+@pytest.mark.parametrize(
+    "hf, fragment",
+    [
+        ({"model_type": "qwen3_5"}, "required field vocab_size is missing"),
+        ([1, 2], "config must be a JSON object, got [1, 2]"),
+        ({"model_type": "qwen3_5", "text_config": None}, "text_config must be a JSON object, got None"),
+        ({**_HF_BASE, "num_attention_heads": "4"}, "num_attention_heads must be a positive integer, got '4'"),
+        ({"model_type": "gemma4", "text_config": {**_HF_BASE, "hidden_size": 0}}, "text_config.hidden_size"),
+        ({**_HF_BASE, "rms_norm_eps": float("inf")}, "rms_norm_eps must be a finite number > 0, got inf"),
+        ({**_HF_BASE, "tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false, got 'yes'"),
+        ({**_HF_BASE, "layer_types": [1]}, "layer_types must be a list of strings"),
+    ],
+)
+def test_misshapen_hf_config_is_a_value_error_naming_the_field(tmp_path, hf, fragment):
+    from lora.hf_loader import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError) as e:
+        read_hf_config(str(tmp_path))
+    assert str(e.value).startswith(f"{tmp_path / 'config.json'}: ") and fragment in str(e.value), str(e.value)
+
+
+def test_model_config_refuses_wrong_types_without_crashing():
+    from lora import ModelConfig
+
+    kw = dict(
+        architecture="llama",
+        vocab_size=6,
+        hidden_size=8,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        intermediate_size=16,
+    )
+    assert ModelConfig(**kw).num_groups == 2
+    with pytest.raises(ValueError, match=r"num_heads must be a positive integer, got '4'"):
+        ModelConfig(**{**kw, "num_heads": "4"})
+    with pytest.raises(ValueError, match=r"rope_theta must be a finite number > 0, got nan"):
+        ModelConfig(**{**kw, "rope_theta": float("nan")})
+
+
+def _hf_dir(d: Path, hf) -> Path:
+    from safetensors.numpy import save_file
+
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(hf))
+    save_file({"w": np.zeros((4, 5), np.float32)}, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.mark.parametrize(
+    "hf, fragment",
+    [
+        ({"model_type": "qwen3_5"}, "required field vocab_size is missing"),
+        ([1, 2], "config must be a JSON object"),
+        ({"model_type": "qwen3_5", "text_config": None}, "text_config must be a JSON object, got None"),
+        ({**_HF_BASE, "num_attention_heads": "4"}, "num_attention_heads must be a positive integer, got '4'"),
+    ],
+)
+def test_misshapen_hf_config_fails_every_entry_point_in_one_line(tmp_path, capfd, hf, fragment):
+    d = _hf_dir(tmp_path / "hf", hf)
+    out = tmp_path / "never"
+    code, err = _cli(["--preset", "smoke", "--model", str(d), "--out", str(out)], capfd)
+    _one_line_error(code, err, f"error: model {d / 'config.json'}: ", fragment)
+    code, err = _run(
+        lambda argv: burnin.main(burnin.parse_args(argv)),
+        ["--game", "cleanup", "--policy", "llm", "--model", str(d), "--out", str(out)],
+        capfd,
+    )
+    _one_line_error(code, err, f"error: model {d / 'config.json'}: ", fragment)
+    assert not out.exists()
+    with pytest.raises(InputError, match="must be|missing"):
+        preflight.check_model(str(d))
