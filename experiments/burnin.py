@@ -18,9 +18,11 @@ temperature of the game, ``jaxopt_marl.config.PAPER``), the same records, guard 
 outcome cells covered, the guards each synthesized and the cost ratio (:mod:`jaxopt_marl.burnin_compare`).
 
 Bad input (an unknown game or policy, a count below 1, ``--model`` or ``--temperature`` without ``--policy llm``,
-a temperature <= 0, a model path without weights, an ``--out`` that is a file or not writable, a bad flag value,
-``--compare`` of runs that differ in game, seed, episodes, steps or min support (each named with both values) or
-of a directory without a burn-in) fails before any compute with one line ``error: ...`` and exit status 2
+a temperature that is not a finite number > 0 (the training entry points' rule), a model path without weights
+or with a misshapen config.json, an ``--out`` that is a file or not writable, a bad flag value,
+``--compare`` with any flag but ``--out`` / ``--debug`` (named, in any spelling), ``--compare`` of runs that differ
+in game, seed, episodes, steps or min support (each named with both values) or of a directory without a burn-in
+or with a wrongly typed burnin.json field) fails before any compute with one line ``error: ...`` and exit status 2
 (``--debug``: the traceback too; :mod:`experiments.cli`).
 """
 
@@ -78,8 +80,13 @@ class Args:
             for flag, v in (("--model", self.model), ("--temperature", self.temperature)):
                 if v is not None:
                     raise InputError(f"{flag} {v} is only for --policy llm (the uniform burn-in has no model)")
-        if self.temperature is not None and not self.temperature > 0:
-            raise InputError(f"--temperature must be > 0, got {self.temperature}")
+        if self.temperature is not None:
+            from jaxopt_marl.config import check_temperature  # the training entry points' rule (finite, > 0)
+
+            try:
+                check_temperature(self.temperature)
+            except ValueError as e:
+                raise InputError(f"--{e}") from None
         if self.chunk is None:
             self.chunk = CHUNK[self.policy]
         positive("--episodes", self.episodes)
@@ -157,13 +164,11 @@ def parse_args(argv: list[str]) -> Args | CompareArgs:
         default=MIN_SUPPORT,
         help=f"fewest failures a guard must explain (paper §5.1 Stage 3; default {MIN_SUPPORT})",
     )
+    if any(t == "--compare" or t.startswith("--compare=") for t in argv):
+        return parse_compare_args(argv)
     a = ap.parse_args(argv)
-    if a.compare is not None:
-        given = [f for f in ("--game", "--policy", "--model", "--temperature", "--episodes", "--steps") if f in argv]
-        if given:
-            raise InputError(f"--compare reads two finished burn-ins; it takes no {', '.join(given)}")
-        out_given = "--out" in argv or any(x.startswith("--out=") for x in argv)
-        return CompareArgs(uniform=a.compare[0], llm=a.compare[1], out=a.out if out_given else None)
+    if a.compare is not None:  # an abbreviated --compare
+        return parse_compare_args(argv)
     if a.game is None:
         raise InputError(f"the following arguments are required: --game (see {PROG} --help)")
     return Args(
@@ -178,6 +183,26 @@ def parse_args(argv: list[str]) -> Args | CompareArgs:
         model=a.model,
         temperature=a.temperature,
     )
+
+
+def parse_compare_args(argv: list[str]) -> CompareArgs:
+    """:class:`CompareArgs` of ``--compare DIR_UNIFORM DIR_LLM [--out DIR] [--debug]``: a parser of its own, so that
+    any other flag or argument, in any spelling (``--seed 5``, ``--policy=llm``, an abbreviation), is an
+    :class:`InputError` naming it rather than silently ignored."""
+    ap = ArgParser(
+        prog=f"{PROG} --compare",
+        description="compare a uniform and an llm burn-in of the same game, seed and episodes: compare.json, "
+        "compare.md in --out (default DIR_LLM)",
+    )
+    ap.add_argument("--compare", nargs=2, type=Path, required=True, metavar=("DIR_UNIFORM", "DIR_LLM"))
+    ap.add_argument("--out", type=Path, default=None, help="where compare.json, compare.md go (default DIR_LLM)")
+    a, extra = ap.parse_known_args(argv)
+    if extra:
+        named = [t.split("=", 1)[0] for t in extra if t.startswith("-")] or extra
+        raise InputError(
+            f"--compare reads two finished burn-ins; it takes no {', '.join(named)} (only --out and --debug)"
+        )
+    return CompareArgs(uniform=a.compare[0], llm=a.compare[1], out=a.out)
 
 
 def main_compare(args: CompareArgs) -> dict:

@@ -734,9 +734,37 @@ class BurninSummary(_JsonRecord):
         d = _load_json_object(path)
         names = {f.name for f in dataclasses.fields(cls)}
         try:
-            return cls(**{k: v for k, v in d.items() if k in names})
+            out = cls(**{k: v for k, v in d.items() if k in names})
         except TypeError as e:
             raise ArtifactError(f"{path}: {e}") from None
+        for f in dataclasses.fields(cls):
+            _check_field_type(path, f.name, str(f.type), getattr(out, f.name))
+        return out
+
+
+# A dataclass field annotation's base type (``from __future__ import annotations``: the annotation is a string).
+_FIELD_TYPES = {
+    "int": (int, "an integer"),
+    "float": (float, "a finite number"),
+    "str": (str, "a string"),
+    "dict": (dict, "a JSON object"),
+}
+
+
+def _check_field_type(path, name: str, annotation: str, value) -> None:
+    """ArtifactError naming ``path``, the field and the value unless ``value`` fits ``annotation`` (``int``,
+    ``float``: a finite int or float, ``str``, ``dict``, each optionally ``| None``); bools are not numbers."""
+    base, _, none = annotation.partition(" | ")
+    if value is None and none == "None":
+        return
+    kind, what = _FIELD_TYPES[base]
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        what += " or null" if none == "None" else ""
+        raise ArtifactError(f"{path}: field {name} must be {what}, got {value!r}")
 
 
 __all__ = [

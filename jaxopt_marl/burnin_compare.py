@@ -89,6 +89,8 @@ def read_guard_labels(path: Path) -> list[str]:
 def outcome_counts(path: Path) -> tuple[dict[str, Counter], list[str], list[str]]:
     """``({option: Counter(outcome: records)}, option names, outcome names)`` of a ``records.parquet``; the names
     in the file's vocabulary order (outcomes: success, effect_fail, explicit:<reason> ...)."""
+    if not Path(path).exists():
+        raise CompareError(f"{path} does not exist (a burn-in directory has records.parquet)")
     try:
         table = read_records(path)
         vocab = vocab_from_table(table)

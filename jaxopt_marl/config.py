@@ -121,6 +121,14 @@ def _int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def check_temperature(value) -> None:
+    """ValueError ``temperature must be > 0, got <value>`` unless ``value`` is a finite number > 0: the sampling
+    temperature of the rollouts and the update (T = 0 is greedy sampling, but the update's log-probs divide the
+    logits by T: -inf, NaN ratios; T = inf samples uniformly). Every entry point that takes ``--temperature``
+    applies this rule."""
+    _require("temperature", value, _finite_number(value) and value > 0, "> 0")
+
+
 def check_magrpo(m: MAGRPOConfig | dict) -> None:
     """The update's numeric fields (a :class:`MAGRPOConfig` or its fields as a dict), each checked on its own: a
     ValueError naming the field and the value (MAGRPOConfig's own check names groups of fields)."""
@@ -129,7 +137,7 @@ def check_magrpo(m: MAGRPOConfig | dict) -> None:
         _require(name, v[name], _int(v[name]) and v[name] >= 1, ">= 1")
     _require("micro_batch", v["micro_batch"], _int(v["micro_batch"]) and v["micro_batch"] >= 0, ">= 0")
     # T = 0 is greedy sampling, but the update's log-probs divide the logits by T (-inf, NaN ratios).
-    _require("temperature", v["temperature"], _finite_number(v["temperature"]) and v["temperature"] > 0, "> 0")
+    check_temperature(v["temperature"])
     lr = v["learning_rate"]
     _require("learning_rate", lr, _finite_number(lr) and lr > 0, "a number > 0")
     for name in ("kl_beta", "weight_decay"):
@@ -481,5 +489,6 @@ __all__ = [
     "lora_differences",
     "num_agents",
     "replace_magrpo",
+    "check_temperature",
     "smoke_warning",
 ]

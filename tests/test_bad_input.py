@@ -493,3 +493,116 @@ def test_misshapen_hf_config_fails_every_entry_point_in_one_line(tmp_path, capfd
     assert not out.exists()
     with pytest.raises(InputError, match="must be|missing"):
         preflight.check_model(str(d))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# burnin --compare: its own flags only, typed burnin.json fields, a missing records.parquet; --temperature
+# ---------------------------------------------------------------------------------------------------------
+
+_BURNIN = dict(
+    game="overcooked_aa",
+    episodes=4,
+    solo_episodes=2,
+    joint_episodes=2,
+    decisions=30,
+    seconds=1.5,
+    seconds_guards=0.1,
+    decisions_per_s=20.0,
+    guards=3,
+    guards_per_option={"a": 3},
+    seed=0,
+    steps=24,
+    min_support=5,
+    policy="uniform",
+    model=None,
+    temperature=None,
+    seconds_compile=None,
+)
+
+
+def _burnin_dir(d: Path, **kw) -> Path:
+    d.mkdir()
+    (d / "burnin.json").write_text(json.dumps({**_BURNIN, **kw}))
+    return d
+
+
+def _compare(argv, capfd):
+    return _run(lambda a: burnin.dispatch(burnin.parse_args(a)), argv, capfd)
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--seed", "5"], "--seed"),
+        (["--min-support", "1", "--chunk", "3"], "--min-support, --chunk"),
+        (["--policy=llm", "--game=harvest"], "--policy, --game"),
+        (["--episodes", "3", "--steps", "9", "--model", "m", "--temperature", "1"], "--episodes, --steps, --model"),
+        (["--game", "cleanup"], "--game"),
+    ],
+)
+def test_compare_refuses_every_other_flag(tmp_path, capfd, extra, named):
+    u, ll = _burnin_dir(tmp_path / "u"), _burnin_dir(tmp_path / "l", policy="llm", model="tiny-random")
+    code, err = _compare(["--compare", str(u), str(ll), *extra], capfd)
+    _one_line_error(code, err, f"error: --compare reads two finished burn-ins; it takes no {named}")
+    assert not (ll / "compare.json").exists()
+    args = burnin.parse_args(["--compare", str(u), str(ll), "--out", str(tmp_path / "o")])
+    assert args == burnin.CompareArgs(uniform=u, llm=ll, out=tmp_path / "o")
+    assert burnin.parse_args(["--compare", str(u), str(ll)]).out is None
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("seconds", "abc", "field seconds must be a finite number, got 'abc'"),
+        ("decisions", None, "field decisions must be an integer, got None"),
+        ("decisions", True, "field decisions must be an integer, got True"),
+        ("guards_per_option", [1], "field guards_per_option must be a JSON object, got [1]"),
+        ("seconds_compile", "x", "field seconds_compile must be a finite number or null, got 'x'"),
+        ("model", 3, "field model must be a string or null, got 3"),
+        ("game", 1, "field game must be a string, got 1"),
+    ],
+)
+def test_compare_of_a_wrongly_typed_burnin_json(tmp_path, capfd, field, value, fragment):
+    from jaxopt_marl.artifacts import ArtifactError, BurninSummary
+
+    u, ll = _burnin_dir(tmp_path / "u"), _burnin_dir(tmp_path / "l", policy="llm", **{field: value})
+    with pytest.raises(ArtifactError) as e:
+        BurninSummary.load(ll / "burnin.json")
+    assert str(e.value) == f"{ll / 'burnin.json'}: {fragment}"
+    code, err = _compare(["--compare", str(u), str(ll)], capfd)
+    _one_line_error(code, err, f"error: {ll / 'burnin.json'}: {fragment}")
+    s = BurninSummary.load(u / "burnin.json")  # a well-typed file loads (ints are finite numbers too)
+    assert (s.decisions, s.seconds, s.seconds_compile) == (30, 1.5, None)
+    (u / "burnin.json").write_text(json.dumps({**_BURNIN, "seconds": 2}))
+    assert BurninSummary.load(u / "burnin.json").seconds == 2
+
+
+def test_compare_of_a_dir_without_records_says_it_does_not_exist(tmp_path, capfd):
+    u, ll = _burnin_dir(tmp_path / "u"), _burnin_dir(tmp_path / "l", policy="llm", model="tiny-random")
+    code, err = _compare(["--compare", str(u), str(ll)], capfd)
+    _one_line_error(code, err, f"error: {u / 'records.parquet'} does not exist")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1"])
+def test_burnin_temperature_must_be_finite_and_positive(tmp_path, capfd, value):
+    code, err = _run(
+        lambda a: burnin.main(burnin.parse_args(a)),
+        [
+            "--game",
+            "cleanup",
+            "--policy",
+            "llm",
+            "--model",
+            "/no/such.gguf",
+            f"--temperature={value}",
+            "--out",
+            str(tmp_path / "never"),
+        ],
+        capfd,
+    )
+    _one_line_error(code, err, f"error: --temperature must be > 0, got {float(value)!r}")
+    assert not (tmp_path / "never").exists()
+    # The training entry points' rule, the same words.
+    with pytest.raises(ValueError, match=f"^temperature must be > 0, got {float(value)!r}$"):
+        config.check_temperature(float(value))
+    config.check_temperature(0.7)
