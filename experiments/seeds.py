@@ -24,9 +24,10 @@ before any compute. ``--out`` defaults to ``runs/<game>-<preset>-seeds``.
 ``--distributed`` (the flags and variables of :mod:`jaxopt_marl.distributed`, issue #17): the N seeds split over
 the P processes, process p runs seeds ``[p N/P, (p+1) N/P)`` (independent runs: no cross-process collectives;
 JAX is not joined into one distributed runtime, so each process computes on its own devices and its checkpoints
-stay its own), writes ``OUT/processes/p<p>.json`` when its share is done (or failed), and process 0 waits for
-every process's file (a barrier on the shared ``OUT``, which must be one file system for all processes, up to
-:data:`jaxopt_marl.distributed.LONG_WAIT` seconds) before it writes the summary. An N that does not divide over
+stay its own), deletes its ``OUT/processes/p<p>.json`` before it starts and writes it when its share is done (or failed), and
+process 0 waits for every process's file of this launch (a barrier on the shared ``OUT``, which must be one file
+system for all processes, up to :data:`jaxopt_marl.distributed.LONG_WAIT` seconds; a file left by an earlier
+launch does not count: :func:`_barrier`) before it writes the summary, then deletes the files. An N that does not divide over
 P is refused before any compute, naming both (the coordinator address is accepted but not used).
 
 Bad input (unknown game, preset or library, ``--seeds`` < 1, an existing seed directory without ``--resume``,
@@ -101,11 +102,14 @@ def plan(out: Path, cfgs: dict[int, RunConfig], resume: bool, force: bool) -> di
     """``{seed: "skip" | "resume" | "start" | "force"}`` for this process's seeds, checked before any compute.
 
     Raises:
-        InputError: without ``resume`` / ``force``, a seed's directory exists (named).
+        InputError: without ``resume`` / ``force``, a seed's directory exists; ``OUT/seed_<s>`` is a file, with
+            or without them (each named).
     """
     out_plan = {}
     for s, cfg in cfgs.items():
         d = seed_dir(out, s)
+        if d.exists() and not d.is_dir():
+            raise InputError(f"seed {s}: {d} exists and is not a directory (the seed's run directory)")
         exists = d.exists() and any(d.iterdir())
         if resume:
             if finished(d, cfg):
@@ -233,26 +237,71 @@ def _process_file(out: Path, p: int) -> Path:
     return Path(out) / PROCESS_DIR / f"p{p}.json"
 
 
-def _mark(out: Path, p: int, seeds: list[int], error: str | None) -> None:
+def launch_fingerprint(seeds: list[int], num_processes: int, cfg: RunConfig) -> str:
+    """The hash every process of one launch computes alike: the seed list, the process count and the run
+    configuration without its per-seed fields (``seed``, ``library``); a completion file of other settings is not
+    this launch's."""
+    import hashlib
+
+    flat = {k: v for k, v in cfg.flat_dict().items() if k not in ("seed", "library")}
+    blob = json.dumps({"seeds": list(seeds), "num_processes": num_processes, "config": flat}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _clear(out: Path, p: int) -> None:
+    """Deletes process ``p``'s completion file (each process does so before it runs its seeds)."""
+    _process_file(out, p).unlink(missing_ok=True)
+
+
+def _mark(
+    out: Path, p: int, seeds: list[int], error: str | None, fingerprint: str = "", started: float | None = None
+) -> None:
     f = _process_file(out, p)
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"process": p, "seeds": seeds, "ok": error is None, "error": error}) + "\n")
+    rec = {"process": p, "seeds": seeds, "ok": error is None, "error": error, "fingerprint": fingerprint}
+    rec["started"] = time.time() if started is None else started
+    tmp.write_text(json.dumps(rec) + "\n")
     tmp.replace(f)
 
 
-def _barrier(out: Path, num_processes: int, timeout: float) -> None:
-    """Process 0 waits until every process's completion file exists; a failed process stops it (named)."""
+def _current(out: Path, p: int, fingerprint: str, since: float) -> dict | None:
+    """Process ``p``'s completion record if it belongs to this launch (its fingerprint equal and the process
+    started at ``since`` or later), else None (missing, unreadable, or stale)."""
+    try:
+        d = json.loads(_process_file(out, p).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or d.get("fingerprint") != fingerprint:
+        return None
+    if not isinstance(d.get("started"), (int, float)) or d["started"] < since:
+        return None
+    return d
+
+
+def _barrier(out: Path, num_processes: int, timeout: float, fingerprint: str = "", since: float = 0.0) -> None:
+    """Process 0 waits until every process's completion file of this launch exists; a failed process stops it
+    (named).
+
+    A file counts only if it belongs to this launch: it records the launch's :func:`launch_fingerprint` and its
+    process's start time (``time.time()`` when that process began) is ``since`` or later, ``since`` being process
+    0's own start minus the start-up window (``--distributed-timeout``: the processes of one launch start within
+    it of each other, as jax.distributed assumes). A file left by an earlier launch (other settings, or started
+    before that window) is ignored, and every process deletes its own file before it runs its seeds, so a stale
+    ``"ok": false`` cannot stop this launch either. Process 0 deletes the files once the summary is written."""
     t0 = time.monotonic()
     while True:
-        missing = [p for p in range(num_processes) if not _process_file(out, p).exists()]
+        recs = {p: _current(out, p, fingerprint, since) for p in range(num_processes)}
+        missing = [p for p, d in recs.items() if d is None]
         if not missing:
             break
         if time.monotonic() - t0 > timeout:
-            raise RuntimeError(f"experiments.seeds: processes {missing} did not finish within {timeout:.0f} s")
+            raise RuntimeError(
+                f"experiments.seeds: processes {missing} did not finish within {timeout:.0f} s (no completion file "
+                f"of this launch in {Path(out) / PROCESS_DIR})"
+            )
         time.sleep(2.0)
-    for p in range(num_processes):
-        d = json.loads(_process_file(out, p).read_text())
+    for p, d in recs.items():
         if not d["ok"]:
             raise RuntimeError(f"experiments.seeds: process {p} (seeds {d['seeds']}) failed: {d['error']}")
 
@@ -295,6 +344,10 @@ def main(argv: list[str] | None = None) -> Path:
         args.seed = s
         cfgs[s] = config_from_args(args.game, args)
     todo = plan(out, cfgs, args.resume, args.force)
+    started = time.time()
+    fingerprint = launch_fingerprint(seeds, num, cfgs[mine[0]])
+    if num > 1:
+        _clear(out, pid)  # a stale file of an earlier launch must not satisfy process 0's barrier
     print(
         f"experiments.seeds {args.game}: seeds {seeds[0]}..{seeds[-1]} -> {out}"
         + (f" (process {pid} of {num}: seeds {mine})" if num > 1 else "")
@@ -320,12 +373,15 @@ def main(argv: list[str] | None = None) -> Path:
         raise
     finally:
         if num > 1:
-            _mark(out, pid, mine, error)
+            _mark(out, pid, mine, error, fingerprint, started)
     if pid != 0:
         return out
     if num > 1:
-        _barrier(out, num, distributed.LONG_WAIT)
+        _barrier(out, num, distributed.LONG_WAIT, fingerprint, started - settings.timeout)
     s = summarize(out, seeds)
+    if num > 1:
+        for p in range(num):
+            _clear(out, p)
     t = s["across_seeds"]["trained"]
     print(
         f"across {len(seeds)} seeds: trained {_pm(t)} {s['units']}"

@@ -164,3 +164,45 @@ def test_seeds_resume_skips_finished_and_resumes_cut(seeds_run, tmp_path, capsys
     shutil.copytree(out / "seed_1", copy / "seed_1", dirs_exist_ok=True)
     cfgs[1] = cfgs[1].replace(eval_episodes=3)
     assert seeds.plan(copy, cfgs, resume=True, force=False)[1] == "resume"
+
+
+def test_barrier_ignores_stale_files(tmp_path):
+    """A completion file of an earlier launch (other settings, or started before this launch's window) does not
+    satisfy the barrier, nor does a stale failure stop it; this launch's files do."""
+    cfg = RunConfig.smoke("harvest")
+    fp = seeds.launch_fingerprint([0, 1], 2, cfg)
+    assert fp == seeds.launch_fingerprint([0, 1], 2, cfg.replace(seed=7))  # per-seed fields are not the launch's
+    assert fp != seeds.launch_fingerprint([0, 1], 2, cfg.replace(eval_episodes=3))
+    assert fp != seeds.launch_fingerprint([0, 1, 2, 3], 2, cfg)
+    now = 1_000_000.0
+    seeds._mark(tmp_path, 0, [0], None, fp, now)
+    # Stale: an earlier launch's file, started before the window, even with the same settings.
+    seeds._mark(tmp_path, 1, [1], None, fp, now - 3600)
+    with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish within 0 s"):
+        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    # Stale: another launch's settings (the hand-written file of an old version too: no fingerprint at all).
+    (tmp_path / "processes" / "p1.json").write_text(json.dumps({"process": 1, "seeds": [1], "ok": True}))
+    with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish"):
+        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    # A stale failure does not stop this launch: it is not waited for either.
+    seeds._mark(tmp_path, 1, [1], "RuntimeError: old", "other", now)
+    with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish"):
+        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    # This launch's file passes; each process deletes its own before it runs.
+    seeds._mark(tmp_path, 1, [1], None, fp, now + 5)
+    seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    seeds._clear(tmp_path, 1)
+    assert not (tmp_path / "processes" / "p1.json").exists()
+
+
+def test_seed_path_that_is_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "seed_1").write_text("not a run")
+    for extra in ([], ["--resume"], ["--force"]):
+        with pytest.raises(SystemExit) as e:
+            seeds.cli(["--game", "harvest", "--seeds", "2", "--preset", "smoke", "--out", str(out), *extra])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: seed 1: {out / 'seed_1'} exists and is not a directory (the seed's run directory)"]
+    assert sorted(p.name for p in out.iterdir()) == ["seed_1"]
