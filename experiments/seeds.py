@@ -9,7 +9,10 @@ initialisation; rollout stochasticity; minibatch order) derived from ``s`` (:mod
 training entry points' (:mod:`experiments.common`: ``--preset``, ``--model``, ``--rounds``, ``--eval-episodes``,
 ...), passed to every seed's run.
 
-Then ``OUT/seeds.json`` and ``OUT/seeds.md`` (:func:`summarize`): per seed the library drawn, the evaluated
+Then ``OUT/seeds.json`` and ``OUT/seeds.md`` (:func:`summarize`) over every seed of the experiment in OUT: this
+call's and each earlier call's finished ``seed_<s>/`` whose ``config.json`` equals this call's but for the seed
+and the library drawn (:func:`covered`; the summary names the seeds it covers, which were this call's, and the
+``seed_<s>`` entries it leaves out). Per seed the library drawn, the evaluated
 adapters (``best`` or ``final``, and the round), the trained adapters' mean ± sample std of the evaluation team
 return with its 95% percentile bootstrap CI (from the run's ``eval.json``, :mod:`jaxopt_marl.stats`) and the
 frozen base's; across seeds the Table 1 figure, mean ± sample std (ddof 1) of the per-seed trained means (and
@@ -131,6 +134,39 @@ def plan(out: Path, cfgs: dict[int, RunConfig], resume: bool, force: bool) -> di
     return out_plan
 
 
+#: ``config.json`` keys that differ between the seeds of one experiment (the rest must be equal to be summarized).
+PER_SEED_KEYS = ("seed", "library")
+
+
+def _launch_view(flat: dict) -> dict:
+    return {k: v for k, v in json.loads(json.dumps(flat)).items() if k not in PER_SEED_KEYS}
+
+
+def covered(out: Path, cfg: RunConfig, seeds: list[int]) -> tuple[list[int], list[str]]:
+    """The seeds the summary covers and the seed directories it leaves out.
+
+    Covered: ``seeds`` (this call's) and every other ``OUT/seed_<s>/`` holding a finished run (``report.md`` and
+    ``eval.json``) whose ``config.json`` equals ``cfg``'s in every key but :data:`PER_SEED_KEYS` (the seed and
+    the library it drew): an earlier call's seeds of the same experiment. Left out (named, not summarized): the
+    other ``seed_<s>`` entries (unfinished, or of other settings)."""
+    want = _launch_view(cfg.flat_dict())
+    extra, left_out = [], []
+    for d in sorted(Path(out).glob("seed_*")):
+        tail = d.name[len("seed_") :]
+        if not tail.isdigit() or int(tail) in seeds or d.name != f"seed_{int(tail)}":
+            continue
+        ok = d.is_dir() and (d / "report.md").exists() and (d / "eval.json").exists()
+        try:
+            old = json.loads((d / "config.json").read_text()) if ok else None
+        except (OSError, ValueError):
+            old = None
+        if isinstance(old, dict) and old.get("seed") == int(tail) and {k: old.get(k) for k in want} == want:
+            extra.append(int(tail))
+        else:
+            left_out.append(d.name)
+    return sorted(set(seeds) | set(extra)), left_out
+
+
 def _ci(ci) -> str:
     return "—" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
@@ -141,7 +177,7 @@ def _pm(s: dict | None) -> str:
     return f"{s['mean']:.2f} ± {s['std']:.2f}" if s.get("std") is not None else f"{s['mean']:.2f}"
 
 
-def summarize(out: Path, seeds: list[int]) -> dict:
+def summarize(out: Path, seeds: list[int], this_call: list[int] | None = None, left_out: list[str] = ()) -> dict:
     """``OUT/seeds.json`` and ``OUT/seeds.md`` from the seeds' ``config.json`` and ``eval.json``; returns the
     JSON object.
 
@@ -150,6 +186,9 @@ def summarize(out: Path, seeds: list[int]) -> dict:
     ``stats.trained`` / ``stats.base``; base None when not evaluated). ``across_seeds``: ``trained`` and ``base``
     as :func:`jaxopt_marl.stats.summarize` of the per-seed means (``mean`` the Table 1 mean, ``std`` the sample
     std over seeds, ``ci`` the bootstrap CI over seeds), and ``libraries`` ``{name: seeds that drew it}``.
+    ``seeds``: the seeds covered (:func:`covered`: this call's, ``seeds_this_call``, and the earlier calls'
+    finished seeds of the same settings, ``seeds_earlier``); ``left_out``: the ``seed_<s>`` entries of OUT not
+    summarized (unfinished or other settings). seeds.md says the same.
 
     Raises:
         InputError: a seed's ``eval.json`` or ``config.json`` is missing or unreadable (named).
@@ -198,6 +237,9 @@ def summarize(out: Path, seeds: list[int]) -> dict:
         "model": cfg0.get("model"),
         "units": info(game).return_unit,
         "seeds": list(seeds),
+        "seeds_this_call": list(seeds if this_call is None else this_call),
+        "seeds_earlier": [s for s in seeds if this_call is not None and s not in this_call],
+        "left_out": list(left_out),
         "source": "paper §6.1 / Table 1: mean ± sample std over independent training seeds of the evaluated "
         "team return; per seed, the 95% percentile bootstrap CI over its evaluation episodes",
         "runs": runs,
@@ -209,6 +251,20 @@ def summarize(out: Path, seeds: list[int]) -> dict:
         "",
         f"Preset `{summary['preset']}`, model `{summary['model'] or 'SmolLM2-135M-Instruct'}`; team return in "
         f"{summary['units']}; each seed's mean ± std and 95% bootstrap CI over its evaluation episodes.",
+        "",
+        f"Seeds covered: {', '.join(map(str, seeds))}"
+        + (
+            f" (this call: {', '.join(map(str, summary['seeds_this_call']))}; earlier calls: "
+            f"{', '.join(map(str, summary['seeds_earlier']))})"
+            if summary["seeds_earlier"]
+            else ""
+        )
+        + "."
+        + (
+            f" Not summarized (unfinished or other settings): {', '.join(summary['left_out'])}."
+            if summary["left_out"]
+            else ""
+        ),
         "",
         "| seed | library | adapters | trained mean ± std | trained 95% CI | base mean ± std | base 95% CI |",
         "|---|---|---|---|---|---|---|",
@@ -378,13 +434,14 @@ def main(argv: list[str] | None = None) -> Path:
         return out
     if num > 1:
         _barrier(out, num, distributed.LONG_WAIT, fingerprint, started - settings.timeout)
-    s = summarize(out, seeds)
+    every, left_out = covered(out, cfgs[mine[0]], seeds)
+    s = summarize(out, every, seeds, left_out)
     if num > 1:
         for p in range(num):
             _clear(out, p)
     t = s["across_seeds"]["trained"]
     print(
-        f"across {len(seeds)} seeds: trained {_pm(t)} {s['units']}"
+        f"across {len(every)} seeds ({', '.join(map(str, every))}): trained {_pm(t)} {s['units']}"
         + (f"; frozen base {_pm(s['across_seeds']['base'])}" if s["across_seeds"]["base"] else "")
     )
     print(f"wrote {out / SUMMARY_JSON}\nwrote {out / SUMMARY_MD}")
@@ -396,7 +453,7 @@ def cli(argv: list[str] | None = None) -> Path:
     return run_cli(main, argv)
 
 
-__all__ = ["build_seeds_parser", "cli", "finished", "main", "plan", "seed_dir", "share", "summarize"]
+__all__ = ["build_seeds_parser", "cli", "covered", "finished", "main", "plan", "seed_dir", "share", "summarize"]
 
 if __name__ == "__main__":
     cli()

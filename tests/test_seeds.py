@@ -206,3 +206,42 @@ def test_seed_path_that_is_a_file_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: seed 1: {out / 'seed_1'} exists and is not a directory (the seed's run directory)"]
     assert sorted(p.name for p in out.iterdir()) == ["seed_1"]
+
+
+def _finished_seed(out, cfg, returns):
+    """A hand-built finished seed directory (config.json, eval.json, report.md; nothing trained)."""
+    from jaxopt_marl.pipeline import write_config
+
+    d = seeds.seed_dir(out, cfg.seed)
+    d.mkdir(parents=True)
+    write_config(cfg, d)
+    eps = [{"seed": 10000 + e, "team_return": float(r)} for e, r in enumerate(returns)]
+    block = {"policy": "trained", "seeds": [10000 + e for e in range(len(returns))], "episodes": eps}
+    ev = {"game": cfg.game, "seeds": block["seeds"], "trained": block, "eval_checkpoint": "best"}
+    (d / "eval.json").write_text(json.dumps({**ev, "checkpoint_round": 1}))
+    (d / "report.md").write_text("# report\n")
+
+
+def test_summary_covers_earlier_calls_seeds(tmp_path, capsys):
+    """Seeds 0 and 1 of an earlier call, 2 of this one (all finished: --resume runs nothing): the summary covers
+    0, 1, 2 and says which were this call's; a seed of other settings and an unfinished one are named, left out."""
+    argv = ["--game", "harvest", "--preset", "smoke", "--no-eval-base", "--eval-episodes", "2", "--solo-episodes", "0"]
+    ap = seeds.build_seeds_parser()
+    cfg = lambda s: common.config_from_args("harvest", ap.parse_args([*argv, "--seed", str(s)]))
+    out = tmp_path / "o"
+    for s, rets in ((0, [1, 3]), (1, [2, 2]), (2, [4, 6])):
+        _finished_seed(out, cfg(s), rets)
+    _finished_seed(out, cfg(7).replace(rounds=5), [9, 9])  # other settings
+    (out / "seed_8").mkdir()  # unfinished
+    seeds.main([*argv, "--seed", "2", "--seeds", "1", "--out", str(out), "--resume"])
+    stdout = capsys.readouterr().out
+    assert "== seed 2 (canonical library): skip" in stdout and "across 3 seeds (0, 1, 2)" in stdout
+    s = json.loads((out / "seeds.json").read_text())
+    assert s["seeds"] == [0, 1, 2] and [r["seed"] for r in s["runs"]] == [0, 1, 2]
+    assert s["seeds_this_call"] == [2] and s["seeds_earlier"] == [0, 1] and s["left_out"] == ["seed_7", "seed_8"]
+    assert s["across_seeds"]["trained"]["values"] == [2.0, 2.0, 5.0]
+    assert s["across_seeds"]["trained"]["mean"] == pytest.approx(3.0)
+    md = (out / "seeds.md").read_text()
+    assert "Seeds covered: 0, 1, 2 (this call: 2; earlier calls: 0, 1)." in md
+    assert "Not summarized (unfinished or other settings): seed_7, seed_8." in md
+    assert "| 0 | canonical |" in md and "| 2 | canonical |" in md
