@@ -65,7 +65,27 @@ def build_seeds_parser(prog: str = "python -m experiments.seeds") -> argparse.Ar
     """:func:`experiments.common.build_parser`'s flags (``--seed`` is the first seed) plus ``--game`` and
     ``--seeds``."""
     ap = build_parser(prog)
-    ap._option_string_actions["--seed"].help = "first seed: the runs are seeds SEED .. SEED + N - 1 (default 0)"
+    from jaxopt_marl.distributed import DEFAULT_TIMEOUT
+
+    helps = {
+        "--seed": "first seed: the runs are seeds SEED .. SEED + N - 1 (default 0)",
+        "--out": "experiment directory, one seed_<s>/ run per seed and the summary seeds.json / seeds.md "
+        "(default runs/<game>-<preset>-seeds)",
+        "--resume": "per seed folder: skip a seed_<s>/ whose run finished with these settings, continue a cut one "
+        "from its last checkpoint (only --rounds and the evaluation flags may differ), start a missing one",
+        "--force": "delete and restart every existing seed_<s>/ of this call's seeds (after every check)",
+        "--distributed": "split the seeds over P processes (each runs N/P whole seeds on its own devices; no "
+        "jax.distributed runtime is joined): process 0 waits for every process's completion file in "
+        "OUT/processes/ and writes the summary; needs --num-processes and --process-id (or their variables)",
+        "--coordinator": "accepted for the shared flags, not used (no coordinator: the processes meet through "
+        "OUT/processes/)",
+        "--num-processes": "processes the seeds split over (implies --distributed); must divide --seeds",
+        "--process-id": "this process, 0..P-1: it runs the P-th share of the seeds (implies --distributed)",
+        "--distributed-timeout": "seconds within which the processes of one launch start (a completion file of a "
+        f"process started earlier than that before process 0 is an earlier launch's; default {DEFAULT_TIMEOUT})",
+    }
+    for flag, text in helps.items():
+        ap._option_string_actions[flag].help = text
     ap.description = "N independent end-to-end runs, one per seed, and their Table 1 summary (paper §6.1)"
     ap.add_argument("--game", required=True, help=f"game: {', '.join(GAMES)}")
     ap.add_argument("--seeds", type=int, default=5, help="number of training seeds (paper Table 1: 5; default 5)")

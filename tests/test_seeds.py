@@ -245,3 +245,13 @@ def test_summary_covers_earlier_calls_seeds(tmp_path, capsys):
     assert "Seeds covered: 0, 1, 2 (this call: 2; earlier calls: 0, 1)." in md
     assert "Not summarized (unfinished or other settings): seed_7, seed_8." in md
     assert "| 0 | canonical |" in md and "| 2 | canonical |" in md
+
+
+def test_help_says_what_seeds_does():
+    text = " ".join(seeds.build_seeds_parser().format_help().split())
+    assert "default runs/<game>-<preset>-seeds" in text and "-s<seed>" not in text
+    assert "split the seeds over P processes" in text and "no jax.distributed runtime is joined" in text
+    assert "join a multi-process run" not in text
+    assert "skip a seed_<s>/ whose run finished" in text and "delete and restart every existing seed_<s>/" in text
+    # The training entry points keep their own help.
+    assert "default runs/<game>-<preset>-s<seed>" in " ".join(common.build_parser("x").format_help().split())
