@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> Path:
     cfgs = {}
     for s in mine:
         args.seed = s
-        cfgs[s] = config_from_args(args.game, args)
+        cfgs[s] = config_from_args(args.game, args, run_dir=seed_dir(out, s))  # --resume: keeps the drawn library
     todo = plan(out, cfgs, args.resume, args.force)
     started = time.time()
     fingerprint = launch_fingerprint(seeds, num, cfgs[mine[0]])

@@ -255,3 +255,29 @@ def test_help_says_what_seeds_does():
     assert "skip a seed_<s>/ whose run finished" in text and "delete and restart every existing seed_<s>/" in text
     # The training entry points keep their own help.
     assert "default runs/<game>-<preset>-s<seed>" in " ".join(common.build_parser("x").format_help().split())
+
+
+def test_resume_of_an_auto_run_keeps_its_drawn_library(tmp_path, monkeypatch):
+    """A variant added after a run started changes what its seed draws now; --resume with --library auto keeps
+    the run's recorded library (no redraw, no "flags differ: library"), a fresh start draws anew."""
+    from jaxopt_marl.pipeline import write_config
+
+    argv = ["--preset", "smoke", "--library", "auto"]
+    ap = seeds.build_seeds_parser()
+    out = tmp_path / "o"
+    old = common.config_from_args("cleanup", ap.parse_args(["--game", "cleanup", *argv, "--seed", "0"]))
+    assert old.library == "canonical"
+    monkeypatch.setitem(options.LIBRARIES, "cleanup", {"canonical": {}, "variant_x": {}})
+    s = next(s for s in range(50) if options.draw_library("cleanup", s) == "variant_x")
+    old = old.replace(seed=s)
+    seeds.seed_dir(out, s).mkdir(parents=True)
+    write_config(old, seeds.seed_dir(out, s))  # a cut run of seed s, started before variant_x existed
+    args = ap.parse_args(["--game", "cleanup", *argv, "--seed", str(s), "--resume"])
+    cfg = common.config_from_args("cleanup", args, run_dir=seeds.seed_dir(out, s))
+    assert cfg.library == "canonical" and cfg == old
+    assert seeds.plan(out, {s: cfg}, resume=True, force=False) == {s: "resume"}
+    fresh = ap.parse_args(["--game", "cleanup", *argv, "--seed", str(s)])
+    assert common.config_from_args("cleanup", fresh, run_dir=seeds.seed_dir(out, s)).library == "variant_x"
+    # A recorded variant that is no longer registered is named.
+    with pytest.raises(ValueError, match="the run being resumed drew library 'gone': unknown option library"):
+        options.resolve_library("cleanup", "auto", s, recorded="gone")
