@@ -88,6 +88,14 @@ def test_share_and_refusal():
             "--seeds 3 does not split over 2 processes",
         ),
         (["--game", "harvest", "--library", "terse", "--preset", "smoke"], "unknown option library 'terse'"),
+        (
+            ["--game", "harvest", "--preset", "smoke", "--distributed-timeout", "-5"],
+            "--distributed-timeout must be a finite number of seconds >= 1, got -5",
+        ),
+        (
+            ["--game", "harvest", "--preset", "smoke", "--distributed-timeout", "inf"],
+            "argument --distributed-timeout: invalid int value: 'inf'",
+        ),
     ],
 )
 def test_bad_input_exits_2(argv, message, capsys, tmp_path):
@@ -281,3 +289,32 @@ def test_resume_of_an_auto_run_keeps_its_drawn_library(tmp_path, monkeypatch):
     # A recorded variant that is no longer registered is named.
     with pytest.raises(ValueError, match="the run being resumed drew library 'gone': unknown option library"):
         options.resolve_library("cleanup", "auto", s, recorded="gone")
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_training_entry_point_refuses_a_non_positive_timeout(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        common.cli(
+            "harvest",
+            "python -m experiments.harvest",
+            [
+                "--preset",
+                "smoke",
+                "--out",
+                str(tmp_path / "o"),
+                "--num-processes",
+                "2",
+                "--process-id",
+                "0",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--distributed-timeout",
+                value,
+            ],
+        )
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --distributed-timeout must be a finite number of seconds >= 1, got {value}"]
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match=r"got nan"):
+        __import__("jaxopt_marl.distributed").distributed.check_timeout(float("nan"))
