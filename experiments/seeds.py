@@ -33,7 +33,8 @@ system for all processes, up to :data:`jaxopt_marl.distributed.LONG_WAIT` second
 launch does not count: :func:`_barrier`) before it writes the summary, then deletes the files. An N that does not divide over
 P is refused before any compute, naming both (the coordinator address is accepted but not used).
 
-Bad input (unknown game, preset or library, ``--seeds`` < 1, an existing seed directory without ``--resume``,
+Bad input (unknown game, preset or library, ``--seeds`` < 1, an existing seed directory without ``--resume``, an
+``OUT/seed_<s>`` that is a file, a ``--distributed-timeout`` that is not a number of seconds >= 1,
 any check of :mod:`experiments.common` / :func:`jaxopt_marl.pipeline.run`) is one line ``error: ...`` and exit
 status 2 (:mod:`experiments.cli`).
 """

@@ -94,7 +94,11 @@ def test_a_run_crossed_with_itself(seeds_out):
     assert r["zsc_gap"]["gap"] == 0.0 and r["zsc_gap"]["ci"] == [0.0, 0.0]
     assert r["zsc_gap"]["per_seed"] == [0.0, 0.0]
     assert teams[6]["seats"] == [[0, 1], [0, 0]] and teams[6]["host"] == "run0"
-    assert "ZSC gap (self-play − cross-play):** 0.00" in (seeds_out / "xp_self" / "crossplay.md").read_text()
+    md = (seeds_out / "xp_self" / "crossplay.md").read_text()
+    assert "ZSC gap (self-play − cross-play):** 0.00" in md
+    # One run given twice: the output says the cross-play is the run with itself (gap 0 by construction).
+    assert r["note"].startswith(f"every RUN_DIR is the same run ({run}): cross-play is that run with itself")
+    assert f"**Note:** {r['note']}." in md
 
 
 def test_tabulate_two_runs_by_hand():
@@ -126,7 +130,7 @@ def _cli_error(argv, capsys):
 @pytest.mark.background("seeds")
 def test_bad_input(seeds_out, tmp_path, capsys):
     run = seeds_out / "seed_0"
-    msg = _cli_error([str(tmp_path / "nope")], capsys)
+    msg = _cli_error([str(tmp_path / "nope"), str(run)], capsys)
     assert f"run directory {tmp_path / 'nope'} does not exist" in msg
     other = tmp_path / "other"
     other.mkdir()
