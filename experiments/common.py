@@ -10,7 +10,8 @@ Flags (each overrides the preset's value and is recorded in ``config.json``): ``
 ``--learning-rate``, ``--kl-beta``, ``--min-support``, ``--mode``, ``--eval-episodes``, ``--no-eval-base``,
 ``--eval-checkpoint``, ``--solo-episodes``, ``--chunking``, ``--library auto|NAME`` (the option-library variant,
 :data:`jaxopt_marl.options.LIBRARIES`; ``auto``, the default, draws one with the seed's interface channel,
-:mod:`jaxopt_marl.seeding`; ``config.json`` records the name drawn); ``--keep-checkpoints`` (a disk setting, not recorded);
+:mod:`jaxopt_marl.seeding`; ``config.json`` records the name drawn, and ``--resume`` keeps it: the draw is
+made at the run's start and is then part of the run); ``--keep-checkpoints`` (a disk setting, not recorded);
 ``--debug``; ``--distributed`` with ``--coordinator`` / ``--num-processes`` / ``--process-id`` /
 ``--distributed-timeout`` (one process of a multi-process run, :mod:`jaxopt_marl.distributed`; each setting
 defaults to its variable, ``JAXOPT_MARL_COORDINATOR`` / ``JAXOPT_MARL_NUM_PROCESSES`` / ``JAXOPT_MARL_PROCESS_ID``
@@ -125,11 +126,27 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
     return ap
 
 
-def config_from_args(game: str, args: argparse.Namespace, draw: bool = True) -> RunConfig:
+def recorded_library(run_dir: Path | None) -> str | None:
+    """The ``library`` recorded in ``run_dir/config.json`` (None: no such file, unreadable, or no string)."""
+    import json
+
+    if run_dir is None:
+        return None
+    try:
+        lib = json.loads((Path(run_dir) / "config.json").read_text()).get("library")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return lib if isinstance(lib, str) else None
+
+
+def config_from_args(game: str, args: argparse.Namespace, draw: bool = True, run_dir: Path | None = None) -> RunConfig:
     """The :class:`RunConfig` of the preset with the given flags.
 
     ``draw=False``: ``--library auto`` stands for the canonical library instead of drawing one (the draw runs a
     JAX computation; the checks made before ``jax.distributed`` starts must not start a backend).
+
+    ``run_dir``: with ``--resume`` and ``--library auto``, the run's recorded library (its ``config.json``) is
+    kept instead of drawn again (:func:`jaxopt_marl.options.resolve_library`): ``auto`` draws at the run's start.
 
     Raises:
         InputError: a bad value (``jaxopt_marl.config``'s ValueError: naming the field and the value).
@@ -143,7 +160,8 @@ def config_from_args(game: str, args: argparse.Namespace, draw: bool = True) -> 
             options.library_names(game)
             kw["library"] = options.CANONICAL
         elif isinstance(args.seed, int) and args.seed >= 0:  # a bad seed is RunConfig's to name
-            kw["library"] = options.resolve_library(game, args.library, args.seed)
+            recorded = recorded_library(run_dir) if getattr(args, "resume", False) else None
+            kw["library"] = options.resolve_library(game, args.library, args.seed, recorded)
     except ValueError as e:
         raise InputError(f"--library: {e}") from None
     if args.model is not None:  # None: the preset's (smoke: tiny-random; else SmolLM2); "default": SmolLM2
@@ -197,7 +215,9 @@ def main(game: str | None, argv: list[str] | None = None, prog: str = "experimen
     except ValueError as e:
         raise InputError(str(e)) from None
     try:
-        cfg = config_from_args(game, args)
+        preset = args.preset or default_preset()
+        run_dir = Path(args.out) if args.out else Path(f"runs/{game}-{preset}-s{args.seed}")  # pipeline.run's
+        cfg = config_from_args(game, args, run_dir=run_dir)
         if ctx is not None:
             check_split(cfg, ctx.num_processes)
         from jaxopt_marl.pipeline import run

@@ -31,9 +31,17 @@ percentile bootstrap of the mean of d (resampling seeds, each resample keeping a
 returns together). The permutation gap (self-play - permuted) is computed the same way. Units: the game's team
 return (apples eaten, soups delivered).
 
-Bad input (a RUN_DIR that does not exist or lacks ``config.json`` / ``eval.json`` / its adapters, runs of
-different games, models, agent counts or LoRA shapes -- each differing value named with its runs --, a shared
-adapter run, ``--episodes`` < 1) is one line ``error: ...`` and exit status 2, before any compute.
+At least two RUN_DIRs: one alone is refused (it has no cross-play). The same directory may be given twice (or
+more): that crosses the run with itself, a check whose ZSC gap is 0 by construction; the output then says so
+(``note`` in crossplay.json, a line in crossplay.md and on stdout).
+
+Bad input is one line ``error: ...`` and exit status 2, before any model is built and before anything is
+written: fewer than two RUN_DIRs; a RUN_DIR that does not exist or lacks ``config.json`` / ``eval.json`` / the
+adapter checkpoint its evaluation played (``best/`` or ``checkpoints/``, checked for every run first); runs of
+different games, models, agent counts or LoRA shapes (:data:`MUST_MATCH`) or of different evaluation settings
+(:data:`EVAL_MUST_MATCH`: ``episode_steps``, ``mode``, ``temperature``, ``max_new_tokens``, ``eval_seed0``), or
+of different ``eval_episodes`` without ``--episodes`` -- each differing value named with its runs --; a shared
+adapter run; ``--episodes`` < 1; an ``--out`` that is a file or not writable.
 """
 
 from __future__ import annotations
@@ -52,6 +60,11 @@ from jaxopt_marl.config import CHECKPOINT_RULE, RunConfig
 
 #: ``config.json`` keys every run of one cross-play must share (the adapters must fit one model and one game).
 MUST_MATCH = ("game", "model", "num_agents", "lora_rank", "lora_alpha", "lora_targets", "shared_adapter")
+#: ``config.json`` keys every run must share because the evaluation episodes depend on them (a team plays its
+#: host's settings, so runs differing in these would put teams in different games): episode length, scoring
+#: mode, sampling temperature, response budget and the first evaluation seed. (``eval_episodes`` must match too
+#: unless ``--episodes`` sets it for every run; the library, guards, seed and K are each host's interface.)
+EVAL_MUST_MATCH = ("episode_steps", "mode", "temperature", "max_new_tokens", "eval_seed0")
 #: ``config.json`` keys that are not :class:`RunConfig` fields.
 DERIVED_KEYS = ("reduced_budget", "num_agents", "eval_seed0")
 CROSSPLAY_JSON, CROSSPLAY_MD = "crossplay.json", "crossplay.md"
@@ -172,15 +185,33 @@ def load_run(d: str | Path) -> Run:
     return Run(d, config, cfg, ev)
 
 
-def check_compatible(runs: Sequence[Run]) -> None:
-    """InputError naming each :data:`MUST_MATCH` key whose value differs, with the value of every run."""
+def _differing(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
     diffs = []
-    for k in MUST_MATCH:
+    for k in keys:
         vals = [json.dumps(r.config.get(k)) for r in runs]
         if len(set(vals)) > 1:
             diffs.append(f"{k}: " + ", ".join(f"{r.dir} {v}" for r, v in zip(runs, vals)))
+    return diffs
+
+
+def check_compatible(runs: Sequence[Run], episodes: int | None = None) -> None:
+    """InputError naming each :data:`MUST_MATCH` or :data:`EVAL_MUST_MATCH` key whose value differs, with the
+    value of every run; and ``eval_episodes`` when it differs and ``episodes`` (``--episodes``) is not given."""
+    diffs = _differing(runs, MUST_MATCH)
     if diffs:
         raise InputError("cross-play needs runs of one game, model and agent count; they differ in " + "; ".join(diffs))
+    diffs = _differing(runs, EVAL_MUST_MATCH)
+    if diffs:
+        raise InputError(
+            "cross-play needs runs whose evaluation episodes are played alike; they differ in " + "; ".join(diffs)
+        )
+    if episodes is None:
+        diffs = _differing(runs, ("eval_episodes",))
+        if diffs:
+            raise InputError(
+                "the runs' evaluation episode counts differ (" + diffs[0] + "): pass --episodes N to play every "
+                "team on the same N seeds"
+            )
     if runs[0].cfg.magrpo.shared_adapter:
         raise InputError(f"{runs[0].dir}: a shared-adapter run has one adapter for every seat: nothing to cross")
 
@@ -192,6 +223,39 @@ def adapter_source(run: Run) -> tuple[str, int]:
     if ev.eval_checkpoint == "best" and ev.checkpoint_rule == CHECKPOINT_RULE:
         return "best", int(ev.checkpoint_round)
     return "checkpoints", int(ev.checkpoint_round)
+
+
+def check_adapters(run: Run) -> None:
+    """InputError unless the adapter checkpoint ``run``'s evaluation played (:func:`adapter_source`) is on disk
+    with a complete newest step (no model is built; the round is checked at :func:`load_adapters`)."""
+    from lora import checkpoint as ckpt
+
+    where, round_ = adapter_source(run)
+    path = run.dir / where
+    if not path.is_dir():
+        raise InputError(f"{path} is missing ({run.dir / 'eval.json'} evaluated {where} adapters of round {round_})")
+    step = ckpt.make_manager(str(path), max_to_keep=None).latest_step()
+    if step is None:
+        raise InputError(f"{path} holds no checkpoint ({run.dir / 'eval.json'} evaluated round {round_})")
+    problem = ckpt.verify(ckpt.step_dir(ckpt.make_manager(str(path), max_to_keep=None), step))
+    if problem is not None:
+        raise InputError(f"{path}: checkpoint {step} is corrupt: {problem}")
+
+
+def check_out(out: Path) -> None:
+    """InputError unless ``out`` is (or can be made as) a writable directory: checked before any compute."""
+    import os
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} exists and is not a directory")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"--out {out}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out}: {parent} is not writable")
 
 
 def load_adapters(run: Run, template):
@@ -337,9 +401,18 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
     """
     from jaxopt_marl import evaluation
 
+    if len(run_dirs) < 2:
+        raise InputError(
+            f"cross-play needs at least two runs, got {len(run_dirs)} ({', '.join(map(str, run_dirs))}); give the "
+            "same directory twice to cross a run with itself"
+        )
     runs = [load_run(d) for d in run_dirs]
-    check_compatible(runs)
     positive("--episodes", episodes)
+    check_compatible(runs, episodes)
+    check_out(out)
+    for r in runs:
+        check_adapters(r)
+    one_run = len({r.dir.resolve() for r in runs}) == 1
     episodes = episodes or runs[0].cfg.eval_episodes  # every team plays the same seeds (the gaps pair them)
     for r in runs:
         if r.cfg.eval_episodes != episodes:
@@ -378,6 +451,10 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
         "eval_seeds": evaluation.eval_seeds(runs[0].cfg),
         "episodes": e_count,
         **tabulate(played, len(runs)),
+        "note": f"every RUN_DIR is the same run ({runs[0].dir}): cross-play is that run with itself, so the ZSC "
+        "gap is 0 by construction (a check, not a zero-shot coordination result)"
+        if one_run
+        else None,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / CROSSPLAY_JSON).write_text(json.dumps(result, indent=2) + "\n")
@@ -414,6 +491,7 @@ def markdown(r: dict) -> str:
         "|---|" + "---|" * len(labels),
         *(f"| {labels[a]} | " + " | ".join(_cell(c) for c in row) + " |" for a, row in enumerate(r["matrix"]["cells"])),
         "",
+        *([f"**Note:** {r['note']}.", ""] if r.get("note") else []),
         f"Self-play {_cell(r['self_play'])}; cross-play {_cell(r['cross_play'])}; permuted adapters "
         f"{_cell(r['permuted'])} ({r['permutations']}).",
         "",
@@ -439,6 +517,8 @@ def main(argv: list[str] | None = None) -> Path:
     positive("--episodes", args.episodes)
     out = Path(args.out) if args.out else Path(args.run_dirs[0]).resolve().parent / "crossplay"
     r = crossplay(args.run_dirs, out, args.episodes)
+    if r.get("note"):
+        print(f"note: {r['note']}")
     if r["zsc_gap"] is not None:
         print(f"ZSC gap {r['zsc_gap']['gap']:.2f} (CI {r['zsc_gap']['ci']})")
     print(f"wrote {out / CROSSPLAY_JSON}\nwrote {out / CROSSPLAY_MD}")
@@ -453,7 +533,9 @@ def cli(argv: list[str] | None = None) -> Path:
 __all__ = [
     "Team",
     "assemble",
+    "check_adapters",
     "check_compatible",
+    "check_out",
     "crossplay",
     "gap",
     "load_adapters",

@@ -9,7 +9,10 @@ initialisation; rollout stochasticity; minibatch order) derived from ``s`` (:mod
 training entry points' (:mod:`experiments.common`: ``--preset``, ``--model``, ``--rounds``, ``--eval-episodes``,
 ...), passed to every seed's run.
 
-Then ``OUT/seeds.json`` and ``OUT/seeds.md`` (:func:`summarize`): per seed the library drawn, the evaluated
+Then ``OUT/seeds.json`` and ``OUT/seeds.md`` (:func:`summarize`) over every seed of the experiment in OUT: this
+call's and each earlier call's finished ``seed_<s>/`` whose ``config.json`` equals this call's but for the seed
+and the library drawn (:func:`covered`; the summary names the seeds it covers, which were this call's, and the
+``seed_<s>`` entries it leaves out). Per seed the library drawn, the evaluated
 adapters (``best`` or ``final``, and the round), the trained adapters' mean ± sample std of the evaluation team
 return with its 95% percentile bootstrap CI (from the run's ``eval.json``, :mod:`jaxopt_marl.stats`) and the
 frozen base's; across seeds the Table 1 figure, mean ± sample std (ddof 1) of the per-seed trained means (and
@@ -24,12 +27,14 @@ before any compute. ``--out`` defaults to ``runs/<game>-<preset>-seeds``.
 ``--distributed`` (the flags and variables of :mod:`jaxopt_marl.distributed`, issue #17): the N seeds split over
 the P processes, process p runs seeds ``[p N/P, (p+1) N/P)`` (independent runs: no cross-process collectives;
 JAX is not joined into one distributed runtime, so each process computes on its own devices and its checkpoints
-stay its own), writes ``OUT/processes/p<p>.json`` when its share is done (or failed), and process 0 waits for
-every process's file (a barrier on the shared ``OUT``, which must be one file system for all processes, up to
-:data:`jaxopt_marl.distributed.LONG_WAIT` seconds) before it writes the summary. An N that does not divide over
+stay its own), deletes its ``OUT/processes/p<p>.json`` before it starts and writes it when its share is done (or failed), and
+process 0 waits for every process's file of this launch (a barrier on the shared ``OUT``, which must be one file
+system for all processes, up to :data:`jaxopt_marl.distributed.LONG_WAIT` seconds; a file left by an earlier
+launch does not count: :func:`_barrier`) before it writes the summary, then deletes the files. An N that does not divide over
 P is refused before any compute, naming both (the coordinator address is accepted but not used).
 
-Bad input (unknown game, preset or library, ``--seeds`` < 1, an existing seed directory without ``--resume``,
+Bad input (unknown game, preset or library, ``--seeds`` < 1, an existing seed directory without ``--resume``, an
+``OUT/seed_<s>`` that is a file, a ``--distributed-timeout`` that is not a number of seconds >= 1,
 any check of :mod:`experiments.common` / :func:`jaxopt_marl.pipeline.run`) is one line ``error: ...`` and exit
 status 2 (:mod:`experiments.cli`).
 """
@@ -61,7 +66,27 @@ def build_seeds_parser(prog: str = "python -m experiments.seeds") -> argparse.Ar
     """:func:`experiments.common.build_parser`'s flags (``--seed`` is the first seed) plus ``--game`` and
     ``--seeds``."""
     ap = build_parser(prog)
-    ap._option_string_actions["--seed"].help = "first seed: the runs are seeds SEED .. SEED + N - 1 (default 0)"
+    from jaxopt_marl.distributed import DEFAULT_TIMEOUT
+
+    helps = {
+        "--seed": "first seed: the runs are seeds SEED .. SEED + N - 1 (default 0)",
+        "--out": "experiment directory, one seed_<s>/ run per seed and the summary seeds.json / seeds.md "
+        "(default runs/<game>-<preset>-seeds)",
+        "--resume": "per seed folder: skip a seed_<s>/ whose run finished with these settings, continue a cut one "
+        "from its last checkpoint (only --rounds and the evaluation flags may differ), start a missing one",
+        "--force": "delete and restart every existing seed_<s>/ of this call's seeds (after every check)",
+        "--distributed": "split the seeds over P processes (each runs N/P whole seeds on its own devices; no "
+        "jax.distributed runtime is joined): process 0 waits for every process's completion file in "
+        "OUT/processes/ and writes the summary; needs --num-processes and --process-id (or their variables)",
+        "--coordinator": "accepted for the shared flags, not used (no coordinator: the processes meet through "
+        "OUT/processes/)",
+        "--num-processes": "processes the seeds split over (implies --distributed); must divide --seeds",
+        "--process-id": "this process, 0..P-1: it runs the P-th share of the seeds (implies --distributed)",
+        "--distributed-timeout": "seconds within which the processes of one launch start (a completion file of a "
+        f"process started earlier than that before process 0 is an earlier launch's; default {DEFAULT_TIMEOUT})",
+    }
+    for flag, text in helps.items():
+        ap._option_string_actions[flag].help = text
     ap.description = "N independent end-to-end runs, one per seed, and their Table 1 summary (paper §6.1)"
     ap.add_argument("--game", required=True, help=f"game: {', '.join(GAMES)}")
     ap.add_argument("--seeds", type=int, default=5, help="number of training seeds (paper Table 1: 5; default 5)")
@@ -101,11 +126,14 @@ def plan(out: Path, cfgs: dict[int, RunConfig], resume: bool, force: bool) -> di
     """``{seed: "skip" | "resume" | "start" | "force"}`` for this process's seeds, checked before any compute.
 
     Raises:
-        InputError: without ``resume`` / ``force``, a seed's directory exists (named).
+        InputError: without ``resume`` / ``force``, a seed's directory exists; ``OUT/seed_<s>`` is a file, with
+            or without them (each named).
     """
     out_plan = {}
     for s, cfg in cfgs.items():
         d = seed_dir(out, s)
+        if d.exists() and not d.is_dir():
+            raise InputError(f"seed {s}: {d} exists and is not a directory (the seed's run directory)")
         exists = d.exists() and any(d.iterdir())
         if resume:
             if finished(d, cfg):
@@ -127,6 +155,39 @@ def plan(out: Path, cfgs: dict[int, RunConfig], resume: bool, force: bool) -> di
     return out_plan
 
 
+#: ``config.json`` keys that differ between the seeds of one experiment (the rest must be equal to be summarized).
+PER_SEED_KEYS = ("seed", "library")
+
+
+def _launch_view(flat: dict) -> dict:
+    return {k: v for k, v in json.loads(json.dumps(flat)).items() if k not in PER_SEED_KEYS}
+
+
+def covered(out: Path, cfg: RunConfig, seeds: list[int]) -> tuple[list[int], list[str]]:
+    """The seeds the summary covers and the seed directories it leaves out.
+
+    Covered: ``seeds`` (this call's) and every other ``OUT/seed_<s>/`` holding a finished run (``report.md`` and
+    ``eval.json``) whose ``config.json`` equals ``cfg``'s in every key but :data:`PER_SEED_KEYS` (the seed and
+    the library it drew): an earlier call's seeds of the same experiment. Left out (named, not summarized): the
+    other ``seed_<s>`` entries (unfinished, or of other settings)."""
+    want = _launch_view(cfg.flat_dict())
+    extra, left_out = [], []
+    for d in sorted(Path(out).glob("seed_*")):
+        tail = d.name[len("seed_") :]
+        if not tail.isdigit() or int(tail) in seeds or d.name != f"seed_{int(tail)}":
+            continue
+        ok = d.is_dir() and (d / "report.md").exists() and (d / "eval.json").exists()
+        try:
+            old = json.loads((d / "config.json").read_text()) if ok else None
+        except (OSError, ValueError):
+            old = None
+        if isinstance(old, dict) and old.get("seed") == int(tail) and {k: old.get(k) for k in want} == want:
+            extra.append(int(tail))
+        else:
+            left_out.append(d.name)
+    return sorted(set(seeds) | set(extra)), left_out
+
+
 def _ci(ci) -> str:
     return "—" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
@@ -137,7 +198,7 @@ def _pm(s: dict | None) -> str:
     return f"{s['mean']:.2f} ± {s['std']:.2f}" if s.get("std") is not None else f"{s['mean']:.2f}"
 
 
-def summarize(out: Path, seeds: list[int]) -> dict:
+def summarize(out: Path, seeds: list[int], this_call: list[int] | None = None, left_out: list[str] = ()) -> dict:
     """``OUT/seeds.json`` and ``OUT/seeds.md`` from the seeds' ``config.json`` and ``eval.json``; returns the
     JSON object.
 
@@ -146,6 +207,9 @@ def summarize(out: Path, seeds: list[int]) -> dict:
     ``stats.trained`` / ``stats.base``; base None when not evaluated). ``across_seeds``: ``trained`` and ``base``
     as :func:`jaxopt_marl.stats.summarize` of the per-seed means (``mean`` the Table 1 mean, ``std`` the sample
     std over seeds, ``ci`` the bootstrap CI over seeds), and ``libraries`` ``{name: seeds that drew it}``.
+    ``seeds``: the seeds covered (:func:`covered`: this call's, ``seeds_this_call``, and the earlier calls'
+    finished seeds of the same settings, ``seeds_earlier``); ``left_out``: the ``seed_<s>`` entries of OUT not
+    summarized (unfinished or other settings). seeds.md says the same.
 
     Raises:
         InputError: a seed's ``eval.json`` or ``config.json`` is missing or unreadable (named).
@@ -194,6 +258,9 @@ def summarize(out: Path, seeds: list[int]) -> dict:
         "model": cfg0.get("model"),
         "units": info(game).return_unit,
         "seeds": list(seeds),
+        "seeds_this_call": list(seeds if this_call is None else this_call),
+        "seeds_earlier": [s for s in seeds if this_call is not None and s not in this_call],
+        "left_out": list(left_out),
         "source": "paper §6.1 / Table 1: mean ± sample std over independent training seeds of the evaluated "
         "team return; per seed, the 95% percentile bootstrap CI over its evaluation episodes",
         "runs": runs,
@@ -205,6 +272,20 @@ def summarize(out: Path, seeds: list[int]) -> dict:
         "",
         f"Preset `{summary['preset']}`, model `{summary['model'] or 'SmolLM2-135M-Instruct'}`; team return in "
         f"{summary['units']}; each seed's mean ± std and 95% bootstrap CI over its evaluation episodes.",
+        "",
+        f"Seeds covered: {', '.join(map(str, seeds))}"
+        + (
+            f" (this call: {', '.join(map(str, summary['seeds_this_call']))}; earlier calls: "
+            f"{', '.join(map(str, summary['seeds_earlier']))})"
+            if summary["seeds_earlier"]
+            else ""
+        )
+        + "."
+        + (
+            f" Not summarized (unfinished or other settings): {', '.join(summary['left_out'])}."
+            if summary["left_out"]
+            else ""
+        ),
         "",
         "| seed | library | adapters | trained mean ± std | trained 95% CI | base mean ± std | base 95% CI |",
         "|---|---|---|---|---|---|---|",
@@ -233,26 +314,71 @@ def _process_file(out: Path, p: int) -> Path:
     return Path(out) / PROCESS_DIR / f"p{p}.json"
 
 
-def _mark(out: Path, p: int, seeds: list[int], error: str | None) -> None:
+def launch_fingerprint(seeds: list[int], num_processes: int, cfg: RunConfig) -> str:
+    """The hash every process of one launch computes alike: the seed list, the process count and the run
+    configuration without its per-seed fields (``seed``, ``library``); a completion file of other settings is not
+    this launch's."""
+    import hashlib
+
+    flat = {k: v for k, v in cfg.flat_dict().items() if k not in ("seed", "library")}
+    blob = json.dumps({"seeds": list(seeds), "num_processes": num_processes, "config": flat}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _clear(out: Path, p: int) -> None:
+    """Deletes process ``p``'s completion file (each process does so before it runs its seeds)."""
+    _process_file(out, p).unlink(missing_ok=True)
+
+
+def _mark(
+    out: Path, p: int, seeds: list[int], error: str | None, fingerprint: str = "", started: float | None = None
+) -> None:
     f = _process_file(out, p)
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"process": p, "seeds": seeds, "ok": error is None, "error": error}) + "\n")
+    rec = {"process": p, "seeds": seeds, "ok": error is None, "error": error, "fingerprint": fingerprint}
+    rec["started"] = time.time() if started is None else started
+    tmp.write_text(json.dumps(rec) + "\n")
     tmp.replace(f)
 
 
-def _barrier(out: Path, num_processes: int, timeout: float) -> None:
-    """Process 0 waits until every process's completion file exists; a failed process stops it (named)."""
+def _current(out: Path, p: int, fingerprint: str, since: float) -> dict | None:
+    """Process ``p``'s completion record if it belongs to this launch (its fingerprint equal and the process
+    started at ``since`` or later), else None (missing, unreadable, or stale)."""
+    try:
+        d = json.loads(_process_file(out, p).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or d.get("fingerprint") != fingerprint:
+        return None
+    if not isinstance(d.get("started"), (int, float)) or d["started"] < since:
+        return None
+    return d
+
+
+def _barrier(out: Path, num_processes: int, timeout: float, fingerprint: str = "", since: float = 0.0) -> None:
+    """Process 0 waits until every process's completion file of this launch exists; a failed process stops it
+    (named).
+
+    A file counts only if it belongs to this launch: it records the launch's :func:`launch_fingerprint` and its
+    process's start time (``time.time()`` when that process began) is ``since`` or later, ``since`` being process
+    0's own start minus the start-up window (``--distributed-timeout``: the processes of one launch start within
+    it of each other, as jax.distributed assumes). A file left by an earlier launch (other settings, or started
+    before that window) is ignored, and every process deletes its own file before it runs its seeds, so a stale
+    ``"ok": false`` cannot stop this launch either. Process 0 deletes the files once the summary is written."""
     t0 = time.monotonic()
     while True:
-        missing = [p for p in range(num_processes) if not _process_file(out, p).exists()]
+        recs = {p: _current(out, p, fingerprint, since) for p in range(num_processes)}
+        missing = [p for p, d in recs.items() if d is None]
         if not missing:
             break
         if time.monotonic() - t0 > timeout:
-            raise RuntimeError(f"experiments.seeds: processes {missing} did not finish within {timeout:.0f} s")
+            raise RuntimeError(
+                f"experiments.seeds: processes {missing} did not finish within {timeout:.0f} s (no completion file "
+                f"of this launch in {Path(out) / PROCESS_DIR})"
+            )
         time.sleep(2.0)
-    for p in range(num_processes):
-        d = json.loads(_process_file(out, p).read_text())
+    for p, d in recs.items():
         if not d["ok"]:
             raise RuntimeError(f"experiments.seeds: process {p} (seeds {d['seeds']}) failed: {d['error']}")
 
@@ -293,8 +419,12 @@ def main(argv: list[str] | None = None) -> Path:
     cfgs = {}
     for s in mine:
         args.seed = s
-        cfgs[s] = config_from_args(args.game, args)
+        cfgs[s] = config_from_args(args.game, args, run_dir=seed_dir(out, s))  # --resume: keeps the drawn library
     todo = plan(out, cfgs, args.resume, args.force)
+    started = time.time()
+    fingerprint = launch_fingerprint(seeds, num, cfgs[mine[0]])
+    if num > 1:
+        _clear(out, pid)  # a stale file of an earlier launch must not satisfy process 0's barrier
     print(
         f"experiments.seeds {args.game}: seeds {seeds[0]}..{seeds[-1]} -> {out}"
         + (f" (process {pid} of {num}: seeds {mine})" if num > 1 else "")
@@ -320,15 +450,19 @@ def main(argv: list[str] | None = None) -> Path:
         raise
     finally:
         if num > 1:
-            _mark(out, pid, mine, error)
+            _mark(out, pid, mine, error, fingerprint, started)
     if pid != 0:
         return out
     if num > 1:
-        _barrier(out, num, distributed.LONG_WAIT)
-    s = summarize(out, seeds)
+        _barrier(out, num, distributed.LONG_WAIT, fingerprint, started - settings.timeout)
+    every, left_out = covered(out, cfgs[mine[0]], seeds)
+    s = summarize(out, every, seeds, left_out)
+    if num > 1:
+        for p in range(num):
+            _clear(out, p)
     t = s["across_seeds"]["trained"]
     print(
-        f"across {len(seeds)} seeds: trained {_pm(t)} {s['units']}"
+        f"across {len(every)} seeds ({', '.join(map(str, every))}): trained {_pm(t)} {s['units']}"
         + (f"; frozen base {_pm(s['across_seeds']['base'])}" if s["across_seeds"]["base"] else "")
     )
     print(f"wrote {out / SUMMARY_JSON}\nwrote {out / SUMMARY_MD}")
@@ -340,7 +474,7 @@ def cli(argv: list[str] | None = None) -> Path:
     return run_cli(main, argv)
 
 
-__all__ = ["build_seeds_parser", "cli", "finished", "main", "plan", "seed_dir", "share", "summarize"]
+__all__ = ["build_seeds_parser", "cli", "covered", "finished", "main", "plan", "seed_dir", "share", "summarize"]
 
 if __name__ == "__main__":
     cli()

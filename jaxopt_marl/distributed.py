@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -375,6 +376,20 @@ class Settings:
         return self.coordinator is None and self.num_processes is None
 
 
+def check_timeout(value) -> int:
+    """``--distributed-timeout`` as whole seconds (None: :data:`DEFAULT_TIMEOUT`).
+
+    Raises:
+        ValueError: not a finite number > 0 (the value named).
+    """
+    if value is None:
+        return DEFAULT_TIMEOUT
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or int(value) < 1:
+        raise ValueError(f"--distributed-timeout must be a finite number of seconds >= 1, got {value!r}")
+    return int(value)
+
+
 def requested(args) -> Settings | None:
     """The multi-process settings of the flags of :func:`add_arguments` and the environment, checked before JAX
     starts (None: not distributed: no ``--distributed``, no setting flag and none of the variables).
@@ -385,8 +400,10 @@ def requested(args) -> Settings | None:
 
     Raises:
         ValueError: only some of the settings given, or none outside a cluster (each missing one named with its
-            flag and variable); a process count < 1, an id outside ``0..P-1``, a coordinator without a port.
+            flag and variable); a process count < 1, an id outside ``0..P-1``, a coordinator without a port; a
+            ``--distributed-timeout`` that is not a finite number > 0 (checked even without ``--distributed``).
     """
+    timeout = check_timeout(getattr(args, "distributed_timeout", None))
     flags = {
         "coordinator": getattr(args, "coordinator", None),
         "num_processes": getattr(args, "num_processes", None),
@@ -397,7 +414,6 @@ def requested(args) -> Settings | None:
     if not getattr(args, "distributed", False) and all(v is None for v in (*flags.values(), *env.values())):
         return None
     got = {k: flags[k] if flags[k] is not None else env[k] for k in flags}
-    timeout = int(getattr(args, "distributed_timeout", DEFAULT_TIMEOUT) or DEFAULT_TIMEOUT)
     if got["coordinator"] == "auto" or (
         all(v is None for v in got.values()) and any(os.environ.get(m) for m in CLUSTER_MARKERS)
     ):
@@ -500,6 +516,7 @@ __all__ = [
     "BATCH_FIELDS",
     "CLUSTER_MARKERS",
     "DEFAULT_TIMEOUT",
+    "check_timeout",
     "ENV_COORDINATOR",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",

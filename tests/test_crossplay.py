@@ -94,7 +94,11 @@ def test_a_run_crossed_with_itself(seeds_out):
     assert r["zsc_gap"]["gap"] == 0.0 and r["zsc_gap"]["ci"] == [0.0, 0.0]
     assert r["zsc_gap"]["per_seed"] == [0.0, 0.0]
     assert teams[6]["seats"] == [[0, 1], [0, 0]] and teams[6]["host"] == "run0"
-    assert "ZSC gap (self-play − cross-play):** 0.00" in (seeds_out / "xp_self" / "crossplay.md").read_text()
+    md = (seeds_out / "xp_self" / "crossplay.md").read_text()
+    assert "ZSC gap (self-play − cross-play):** 0.00" in md
+    # One run given twice: the output says the cross-play is the run with itself (gap 0 by construction).
+    assert r["note"].startswith(f"every RUN_DIR is the same run ({run}): cross-play is that run with itself")
+    assert f"**Note:** {r['note']}." in md
 
 
 def test_tabulate_two_runs_by_hand():
@@ -126,7 +130,7 @@ def _cli_error(argv, capsys):
 @pytest.mark.background("seeds")
 def test_bad_input(seeds_out, tmp_path, capsys):
     run = seeds_out / "seed_0"
-    msg = _cli_error([str(tmp_path / "nope")], capsys)
+    msg = _cli_error([str(tmp_path / "nope"), str(run)], capsys)
     assert f"run directory {tmp_path / 'nope'} does not exist" in msg
     other = tmp_path / "other"
     other.mkdir()
@@ -139,3 +143,69 @@ def test_bad_input(seeds_out, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
     msg = _cli_error([str(run), "--episodes", "0"], capsys)
     assert "--episodes must be >= 1, got 0" in msg
+
+
+def _hand_run(d, **kw):
+    """A hand-built finished run directory (config.json and eval.json, no adapters, nothing trained)."""
+    from jaxopt_marl.config import CHECKPOINT_RULE, RunConfig
+    from jaxopt_marl.pipeline import write_config
+
+    d.mkdir(parents=True)
+    write_config(RunConfig.smoke("overcooked_aa", model="tiny-random", eval_episodes=2, **kw), d)
+    eps = [{"seed": 10000 + e, "team_return": float(e)} for e in range(2)]
+    block = {"policy": "trained", "seeds": [10000, 10001], "episodes": eps}
+    ev = {"game": "overcooked_aa", "seeds": [10000, 10001], "trained": block, "eval_checkpoint": "best"}
+    (d / "eval.json").write_text(json.dumps({**ev, "checkpoint_rule": CHECKPOINT_RULE, "checkpoint_round": 1}))
+    return d
+
+
+def test_one_run_is_refused(tmp_path, capsys):
+    a = _hand_run(tmp_path / "a")
+    msg = _cli_error([str(a), "--out", str(tmp_path / "o")], capsys)
+    assert f"cross-play needs at least two runs, got 1 ({a})" in msg
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_adapters_are_found_before_any_model(tmp_path, capsys, monkeypatch):
+    a, b = _hand_run(tmp_path / "a"), _hand_run(tmp_path / "b", seed=1)
+    monkeypatch.setattr(X, "Host", lambda run: pytest.fail("a model was built before the adapters were checked"))
+    msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "o")], capsys)
+    assert f"{a / 'best'} is missing ({a / 'eval.json'} evaluated best adapters of round 1)" in msg
+    (a / "best").mkdir()
+    msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "o")], capsys)
+    assert f"{a / 'best'} holds no checkpoint" in msg
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_that_is_a_file_is_refused_first(tmp_path, capsys, monkeypatch):
+    a, b = _hand_run(tmp_path / "a"), _hand_run(tmp_path / "b", seed=1)
+    monkeypatch.setattr(X, "Host", lambda run: pytest.fail("a model was built before --out was checked"))
+    (tmp_path / "f").write_text("x")
+    msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "f")], capsys)
+    assert msg == f"error: --out {tmp_path / 'f'} exists and is not a directory"
+    msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "f" / "sub")], capsys)
+    assert msg == f"error: --out {tmp_path / 'f' / 'sub'}: {tmp_path / 'f'} is not a directory"
+    assert (tmp_path / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "field, a_val, b_val",
+    [("episode_steps", 12, 8), ("mode", "sample", "choice_only"), ("temperature", 0.7, 0.9), ("max_new_tokens", 12, 6)],
+)
+def test_runs_with_other_evaluation_settings_are_refused(field, a_val, b_val, tmp_path, capsys):
+    a, b = _hand_run(tmp_path / "a", **{field: a_val}), _hand_run(tmp_path / "b", seed=1, **{field: b_val})
+    msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "o")], capsys)
+    assert "evaluation episodes are played alike" in msg
+    assert f"{field}: {a} {json.dumps(a_val)}, {b} {json.dumps(b_val)}" in msg
+    assert not (tmp_path / "o").exists()
+
+
+def test_differing_eval_episodes_need_episodes(tmp_path, capsys):
+    a, b = _hand_run(tmp_path / "a"), _hand_run(tmp_path / "b", seed=1)
+    cfg = json.loads((b / "config.json").read_text())
+    (b / "config.json").write_text(json.dumps({**cfg, "eval_episodes": 3}))
+    msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "o")], capsys)
+    assert f"evaluation episode counts differ (eval_episodes: {a} 2, {b} 3): pass --episodes N" in msg
+    # With --episodes the counts are set for every run: the next check (the adapters) is reached.
+    msg = _cli_error([str(a), str(b), "--episodes", "2", "--out", str(tmp_path / "o")], capsys)
+    assert f"{a / 'best'} is missing" in msg

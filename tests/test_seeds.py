@@ -88,6 +88,14 @@ def test_share_and_refusal():
             "--seeds 3 does not split over 2 processes",
         ),
         (["--game", "harvest", "--library", "terse", "--preset", "smoke"], "unknown option library 'terse'"),
+        (
+            ["--game", "harvest", "--preset", "smoke", "--distributed-timeout", "-5"],
+            "--distributed-timeout must be a finite number of seconds >= 1, got -5",
+        ),
+        (
+            ["--game", "harvest", "--preset", "smoke", "--distributed-timeout", "inf"],
+            "argument --distributed-timeout: invalid int value: 'inf'",
+        ),
     ],
 )
 def test_bad_input_exits_2(argv, message, capsys, tmp_path):
@@ -164,3 +172,149 @@ def test_seeds_resume_skips_finished_and_resumes_cut(seeds_run, tmp_path, capsys
     shutil.copytree(out / "seed_1", copy / "seed_1", dirs_exist_ok=True)
     cfgs[1] = cfgs[1].replace(eval_episodes=3)
     assert seeds.plan(copy, cfgs, resume=True, force=False)[1] == "resume"
+
+
+def test_barrier_ignores_stale_files(tmp_path):
+    """A completion file of an earlier launch (other settings, or started before this launch's window) does not
+    satisfy the barrier, nor does a stale failure stop it; this launch's files do."""
+    cfg = RunConfig.smoke("harvest")
+    fp = seeds.launch_fingerprint([0, 1], 2, cfg)
+    assert fp == seeds.launch_fingerprint([0, 1], 2, cfg.replace(seed=7))  # per-seed fields are not the launch's
+    assert fp != seeds.launch_fingerprint([0, 1], 2, cfg.replace(eval_episodes=3))
+    assert fp != seeds.launch_fingerprint([0, 1, 2, 3], 2, cfg)
+    now = 1_000_000.0
+    seeds._mark(tmp_path, 0, [0], None, fp, now)
+    # Stale: an earlier launch's file, started before the window, even with the same settings.
+    seeds._mark(tmp_path, 1, [1], None, fp, now - 3600)
+    with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish within 0 s"):
+        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    # Stale: another launch's settings (the hand-written file of an old version too: no fingerprint at all).
+    (tmp_path / "processes" / "p1.json").write_text(json.dumps({"process": 1, "seeds": [1], "ok": True}))
+    with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish"):
+        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    # A stale failure does not stop this launch: it is not waited for either.
+    seeds._mark(tmp_path, 1, [1], "RuntimeError: old", "other", now)
+    with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish"):
+        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    # This launch's file passes; each process deletes its own before it runs.
+    seeds._mark(tmp_path, 1, [1], None, fp, now + 5)
+    seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+    seeds._clear(tmp_path, 1)
+    assert not (tmp_path / "processes" / "p1.json").exists()
+
+
+def test_seed_path_that_is_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "seed_1").write_text("not a run")
+    for extra in ([], ["--resume"], ["--force"]):
+        with pytest.raises(SystemExit) as e:
+            seeds.cli(["--game", "harvest", "--seeds", "2", "--preset", "smoke", "--out", str(out), *extra])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: seed 1: {out / 'seed_1'} exists and is not a directory (the seed's run directory)"]
+    assert sorted(p.name for p in out.iterdir()) == ["seed_1"]
+
+
+def _finished_seed(out, cfg, returns):
+    """A hand-built finished seed directory (config.json, eval.json, report.md; nothing trained)."""
+    from jaxopt_marl.pipeline import write_config
+
+    d = seeds.seed_dir(out, cfg.seed)
+    d.mkdir(parents=True)
+    write_config(cfg, d)
+    eps = [{"seed": 10000 + e, "team_return": float(r)} for e, r in enumerate(returns)]
+    block = {"policy": "trained", "seeds": [10000 + e for e in range(len(returns))], "episodes": eps}
+    ev = {"game": cfg.game, "seeds": block["seeds"], "trained": block, "eval_checkpoint": "best"}
+    (d / "eval.json").write_text(json.dumps({**ev, "checkpoint_round": 1}))
+    (d / "report.md").write_text("# report\n")
+
+
+def test_summary_covers_earlier_calls_seeds(tmp_path, capsys):
+    """Seeds 0 and 1 of an earlier call, 2 of this one (all finished: --resume runs nothing): the summary covers
+    0, 1, 2 and says which were this call's; a seed of other settings and an unfinished one are named, left out."""
+    argv = ["--game", "harvest", "--preset", "smoke", "--no-eval-base", "--eval-episodes", "2", "--solo-episodes", "0"]
+    ap = seeds.build_seeds_parser()
+    cfg = lambda s: common.config_from_args("harvest", ap.parse_args([*argv, "--seed", str(s)]))
+    out = tmp_path / "o"
+    for s, rets in ((0, [1, 3]), (1, [2, 2]), (2, [4, 6])):
+        _finished_seed(out, cfg(s), rets)
+    _finished_seed(out, cfg(7).replace(rounds=5), [9, 9])  # other settings
+    (out / "seed_8").mkdir()  # unfinished
+    seeds.main([*argv, "--seed", "2", "--seeds", "1", "--out", str(out), "--resume"])
+    stdout = capsys.readouterr().out
+    assert "== seed 2 (canonical library): skip" in stdout and "across 3 seeds (0, 1, 2)" in stdout
+    s = json.loads((out / "seeds.json").read_text())
+    assert s["seeds"] == [0, 1, 2] and [r["seed"] for r in s["runs"]] == [0, 1, 2]
+    assert s["seeds_this_call"] == [2] and s["seeds_earlier"] == [0, 1] and s["left_out"] == ["seed_7", "seed_8"]
+    assert s["across_seeds"]["trained"]["values"] == [2.0, 2.0, 5.0]
+    assert s["across_seeds"]["trained"]["mean"] == pytest.approx(3.0)
+    md = (out / "seeds.md").read_text()
+    assert "Seeds covered: 0, 1, 2 (this call: 2; earlier calls: 0, 1)." in md
+    assert "Not summarized (unfinished or other settings): seed_7, seed_8." in md
+    assert "| 0 | canonical |" in md and "| 2 | canonical |" in md
+
+
+def test_help_says_what_seeds_does():
+    text = " ".join(seeds.build_seeds_parser().format_help().split())
+    assert "default runs/<game>-<preset>-seeds" in text and "-s<seed>" not in text
+    assert "split the seeds over P processes" in text and "no jax.distributed runtime is joined" in text
+    assert "join a multi-process run" not in text
+    assert "skip a seed_<s>/ whose run finished" in text and "delete and restart every existing seed_<s>/" in text
+    # The training entry points keep their own help.
+    assert "default runs/<game>-<preset>-s<seed>" in " ".join(common.build_parser("x").format_help().split())
+
+
+def test_resume_of_an_auto_run_keeps_its_drawn_library(tmp_path, monkeypatch):
+    """A variant added after a run started changes what its seed draws now; --resume with --library auto keeps
+    the run's recorded library (no redraw, no "flags differ: library"), a fresh start draws anew."""
+    from jaxopt_marl.pipeline import write_config
+
+    argv = ["--preset", "smoke", "--library", "auto"]
+    ap = seeds.build_seeds_parser()
+    out = tmp_path / "o"
+    old = common.config_from_args("cleanup", ap.parse_args(["--game", "cleanup", *argv, "--seed", "0"]))
+    assert old.library == "canonical"
+    monkeypatch.setitem(options.LIBRARIES, "cleanup", {"canonical": {}, "variant_x": {}})
+    s = next(s for s in range(50) if options.draw_library("cleanup", s) == "variant_x")
+    old = old.replace(seed=s)
+    seeds.seed_dir(out, s).mkdir(parents=True)
+    write_config(old, seeds.seed_dir(out, s))  # a cut run of seed s, started before variant_x existed
+    args = ap.parse_args(["--game", "cleanup", *argv, "--seed", str(s), "--resume"])
+    cfg = common.config_from_args("cleanup", args, run_dir=seeds.seed_dir(out, s))
+    assert cfg.library == "canonical" and cfg == old
+    assert seeds.plan(out, {s: cfg}, resume=True, force=False) == {s: "resume"}
+    fresh = ap.parse_args(["--game", "cleanup", *argv, "--seed", str(s)])
+    assert common.config_from_args("cleanup", fresh, run_dir=seeds.seed_dir(out, s)).library == "variant_x"
+    # A recorded variant that is no longer registered is named.
+    with pytest.raises(ValueError, match="the run being resumed drew library 'gone': unknown option library"):
+        options.resolve_library("cleanup", "auto", s, recorded="gone")
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_training_entry_point_refuses_a_non_positive_timeout(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        common.cli(
+            "harvest",
+            "python -m experiments.harvest",
+            [
+                "--preset",
+                "smoke",
+                "--out",
+                str(tmp_path / "o"),
+                "--num-processes",
+                "2",
+                "--process-id",
+                "0",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--distributed-timeout",
+                value,
+            ],
+        )
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --distributed-timeout must be a finite number of seconds >= 1, got {value}"]
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match=r"got nan"):
+        __import__("jaxopt_marl.distributed").distributed.check_timeout(float("nan"))

@@ -11,7 +11,10 @@ each game to its named variants, each the keyword arguments its factory is calle
 ``LIBRARIES["cleanup"]["terse"] = {"phrasing": "terse"}`` for a factory that takes ``phrasing``. A run names its
 variant (``--library NAME``, :attr:`jaxopt_marl.config.RunConfig.library`, ``config.json``'s ``library``) or
 draws one (``--library auto``: :func:`draw_library`, uniform over the sorted names with the run seed's interface
-channel, :func:`jaxopt_marl.seeding.library_key`).
+channel, :func:`jaxopt_marl.seeding.library_key`). The draw happens at the run's start and is then part of the
+run: ``--resume`` with ``--library auto`` keeps the run's recorded variant (:func:`resolve_library`'s
+``recorded``), so adding a variant (which changes what a seed would draw now) does not break resuming older
+runs.
 """
 
 from __future__ import annotations
@@ -68,9 +71,20 @@ def draw_library(game: str, seed: int) -> str:
     return names[int(jax.random.randint(seeding.library_key(seed), (), 0, len(names)))]
 
 
-def resolve_library(game: str, name: str, seed: int) -> str:
-    """``name`` itself (checked), or for ``auto`` the variant :func:`draw_library` draws for ``seed``."""
+def resolve_library(game: str, name: str, seed: int, recorded: str | None = None) -> str:
+    """``name`` itself (checked), or for ``auto`` the variant :func:`draw_library` draws for ``seed``.
+
+    ``auto`` draws once, at the run's start; the variant drawn is then part of the run (``config.json``'s
+    ``library``). ``recorded``: that recorded variant of the run being resumed, kept as it is for ``auto`` (no
+    redraw: a variant added since would change the draw), so ``--resume`` of an ``auto`` run is never refused
+    for its library. Raises ValueError if the recorded variant is no longer registered (named)."""
     if name == AUTO:
+        if recorded is not None:
+            try:
+                check_library_name(game, recorded)
+            except ValueError as e:
+                raise ValueError(f"the run being resumed drew library {recorded!r}: {e}") from None
+            return recorded
         return draw_library(game, seed)
     check_library_name(game, name)
     return name
