@@ -35,6 +35,7 @@ process restoring the same orbax checkpoint is covered too.
 import json
 import os
 import subprocess
+import sys
 import time
 
 import chex
@@ -128,6 +129,26 @@ def test_bad_input_is_refused_before_compute():
     with pytest.raises(ValueError, match=r"needs a port"):
         distributed.initialize("127.0.0.1", 2, 0)
     assert distributed.current() is None
+
+
+def test_the_checks_before_joining_start_no_jax_backend():
+    """What the entry point checks before ``jax.distributed.initialize`` (the flags, the preset's config with
+    ``--library auto``, the K split) starts no JAX backend: ``initialize`` must come before any backend, or every
+    process fails to join (a regression: ``jaxopt_marl.options`` imported JAX arrays with its registry)."""
+    code = (
+        "import jax._src.xla_bridge as xb\n"
+        "from experiments import common\n"
+        "argv = ['--layout', 'aa', '--preset', 'smoke', '--model', 'tiny-random', '--distributed',\n"
+        "        '--coordinator', '127.0.0.1:1', '--num-processes', '2', '--process-id', '0']\n"
+        "args = common.build_parser('x', layout=True).parse_args(argv)\n"
+        "common.check_split(common.config_from_args('overcooked_aa', args, draw=False), 2)\n"
+        "print('backend started:', xb.backends_are_initialized())\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "backend started: False" in p.stdout, p.stdout[-2000:]
 
 
 def test_unreachable_coordinator_fails_within_the_timeout(tmp_path):

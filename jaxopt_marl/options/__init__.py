@@ -20,9 +20,24 @@ runs.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jaxopt_marl.options.base import OptionLibrary
+if TYPE_CHECKING:
+    from jaxopt_marl.options.base import OptionLibrary
+
+
+def __getattr__(name: str) -> Any:
+    """``OptionLibrary`` is imported on first use: this package's registry (:func:`library_names`,
+    :func:`resolve_library`) is read by the command line's checks before ``jax.distributed.initialize``, and
+    ``jaxopt_marl.options.base`` builds JAX arrays at import, which would start a backend first (the multi-process
+    entry point then fails: tests/test_distributed.py::test_entry_point_distributed_run_writes_the_single_process_run).
+    """
+    if name == "OptionLibrary":
+        from jaxopt_marl.options.base import OptionLibrary
+
+        return OptionLibrary
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # game -> (module, factory, fixed keyword arguments)
 _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
