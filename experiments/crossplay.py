@@ -57,6 +57,7 @@ import numpy as np
 
 from experiments.cli import ArgParser, InputError, positive, run_cli
 from jaxopt_marl.config import CHECKPOINT_RULE, RunConfig
+from jaxopt_marl.preflight import check_out_dir
 
 #: ``config.json`` keys every run of one cross-play must share (the adapters must fit one model and one game).
 MUST_MATCH = ("game", "model", "num_agents", "lora_rank", "lora_alpha", "lora_targets", "shared_adapter")
@@ -242,22 +243,6 @@ def check_adapters(run: Run) -> None:
         raise InputError(f"{path}: checkpoint {step} is corrupt: {problem}")
 
 
-def check_out(out: Path) -> None:
-    """InputError unless ``out`` is (or can be made as) a writable directory: checked before any compute."""
-    import os
-
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} exists and is not a directory")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise InputError(f"--out {out}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out}: {parent} is not writable")
-
-
 def load_adapters(run: Run, template):
     """The adapters ``run``'s evaluation played, restored into a copy of ``template`` (an adapter state of the
     run's shapes). ``best/``: its one step, whose meta round must be eval.json's ``checkpoint_round``;
@@ -409,7 +394,7 @@ def crossplay(run_dirs: Sequence[str | Path], out: Path, episodes: int | None = 
     runs = [load_run(d) for d in run_dirs]
     positive("--episodes", episodes)
     check_compatible(runs, episodes)
-    check_out(out)
+    check_out_dir(Path(out))
     for r in runs:
         check_adapters(r)
     one_run = len({r.dir.resolve() for r in runs}) == 1
@@ -535,7 +520,6 @@ __all__ = [
     "assemble",
     "check_adapters",
     "check_compatible",
-    "check_out",
     "crossplay",
     "gap",
     "load_adapters",

@@ -162,7 +162,7 @@ def run_burnin(
         recs = jax.tree.map(lambda x, n=n: np.asarray(x)[:n], recs)
         parts.append(_flatten(recs, np.arange(s, s + n), solo[s : s + n]))
     seconds = time.perf_counter() - t0
-    codes = RecordCodes(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))
+    codes = _concat(parts)
     return BurninResult(
         codes=codes,
         episodes=e,
@@ -276,7 +276,7 @@ def run_llm_burnin(
         dec, feats = jax.device_get((out.decisions, out.feats))
         parts.append(_flatten_decisions(dec, feats, s, nb, solo))
     seconds = time.perf_counter() - t0
-    codes = RecordCodes(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))
+    codes = _concat(parts)
     order = np.lexsort((codes.aid, codes.step, codes.ep))  # (ep, step, aid)
     codes = RecordCodes(*(np.asarray(c)[order] for c in codes))
     return BurninResult(
@@ -312,6 +312,11 @@ def _flatten_decisions(dec, feats: np.ndarray, offset: int, keep: int, solo: np.
         outcome=outcome[mask].astype(np.int32),
         features=np.asarray(feats[:n])[mask].astype(np.int32),
     )
+
+
+def _concat(parts: list[tuple]) -> RecordCodes:
+    """The chunks' record columns (each a tuple in :class:`RecordCodes` order) joined into one table."""
+    return RecordCodes(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))
 
 
 def _flatten(recs: macro.Rec, ep: np.ndarray, solo: np.ndarray) -> RecordCodes:

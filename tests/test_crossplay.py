@@ -184,7 +184,7 @@ def test_out_that_is_a_file_is_refused_first(tmp_path, capsys, monkeypatch):
     msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "f")], capsys)
     assert msg == f"error: --out {tmp_path / 'f'} exists and is not a directory"
     msg = _cli_error([str(a), str(b), "--out", str(tmp_path / "f" / "sub")], capsys)
-    assert msg == f"error: --out {tmp_path / 'f' / 'sub'}: {tmp_path / 'f'} is not a directory"
+    assert msg == f"error: --out {tmp_path / 'f' / 'sub'} cannot be created: {tmp_path / 'f'} is not a directory"
     assert (tmp_path / "f").read_text() == "x"
 
 
