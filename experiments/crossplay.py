@@ -281,7 +281,7 @@ class Host:
         import envs_jax
         from jaxopt_marl import guards as G
         from jaxopt_marl import options, rollout, seeding
-        from jaxopt_marl.compiled_rollout import ChunkConfig, CompiledRoller
+        from jaxopt_marl.compiled_rollout import CompiledRoller
         from jaxopt_marl.prompt_ids import PromptIds
         from lora import split_model
 
@@ -291,20 +291,9 @@ class Host:
         guards = G.load_guards(run.dir / "guards.jsonl", lib.option_names, lib.vocab, reasons=lib.reasons)
         model, tok = rollout.load_policy_model(cfg.model, cfg.lora, seed=seeding.lora_init_seed(cfg.seed))
         prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps)
-        batch = cfg.magrpo.num_rollouts
-        chunks = ChunkConfig.single(batch * cfg.num_agents) if cfg.chunking == "single" else None
-        self.roller = CompiledRoller(
-            cfg.game,
-            env,
-            lib,
-            G.compile_guards(guards, lib.vocab),
-            model,
-            tok,
-            cfg.policy_config(),
-            menu_seed=seeding.interface_seed(cfg.seed),
-            batch=batch,
-            chunks=chunks,
-            prompt=prompt,
+        compiled = G.compile_guards(guards, lib.vocab)
+        self.roller = CompiledRoller.for_run(
+            cfg, env, lib, compiled, model, tok, batch=cfg.magrpo.num_rollouts, prompt=prompt
         )
         self.template = split_model(model)[1]
 

@@ -340,6 +340,31 @@ class CompiledRoller:
 
     # -- what the trainer reads (the host loop's LLMPolicy offers the same) --------------------------------
 
+    @classmethod
+    def for_run(cls, run, env, lib, guards, model, tokenizer, *, batch: int, prompt=None) -> CompiledRoller:
+        """The roller of a run (a :class:`jaxopt_marl.config.RunConfig` ``run``): its policy configuration
+        (``run.policy_config()``: mode, temperature, shared adapter), the letter shuffles of its interface seed
+        channel (:func:`jaxopt_marl.seeding.interface_seed`) and its ``chunking`` (``single``:
+        :meth:`ChunkConfig.single` over the ``batch`` x agents rows; else the backend's default), ``batch``
+        episodes a call. One construction for the training run (:mod:`jaxopt_marl.pipeline`) and the runs it is
+        replayed from (``experiments.crossplay``). Raises ValueError as the constructor does."""
+        from jaxopt_marl import seeding
+
+        chunks = ChunkConfig.single(batch * run.num_agents) if run.chunking == "single" else None
+        return cls(
+            run.game,
+            env,
+            lib,
+            guards,
+            model,
+            tokenizer,
+            run.policy_config(),
+            menu_seed=seeding.interface_seed(run.seed),
+            batch=batch,
+            chunks=chunks,
+            prompt=prompt,
+        )
+
     @property
     def policy(self) -> CompiledRoller:
         """The roller itself: it holds what :class:`jaxopt_marl.trainer.Trainer` reads from a policy

@@ -213,7 +213,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
     from jaxopt_marl import burnin, episode_gif, evaluation, rollout, seeding, solo_test, trainer
-    from jaxopt_marl.compiled_rollout import ChunkConfig, CompiledRoller
+    from jaxopt_marl.compiled_rollout import CompiledRoller
     from jaxopt_marl.prompt_ids import PromptIds
 
     _print_header(cfg, out, resume, ckpt_round)
@@ -226,7 +226,6 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     except (ValueError, OSError) as e:
         raise InputError(f"model {cfg.model or DEFAULT_MODEL_NAME} could not be loaded: {e}") from None
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
-    pcfg = cfg.policy_config()  # the temperature is the update's (cfg.magrpo.temperature)
     try:
         prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps)
     except ValueError as e:
@@ -285,20 +284,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     # Several processes: each plays its share of the K rollouts (K / P, checked by the command line) in one call.
     batch = mcfg.num_rollouts // (1 if dist is None else dist.num_processes)
     try:
-        chunks = ChunkConfig.single(batch * cfg.num_agents) if cfg.chunking == "single" else None
-        roller = CompiledRoller(
-            cfg.game,
-            env,
-            lib,
-            compiled,
-            model,
-            tok,
-            pcfg,
-            menu_seed=seeding.interface_seed(cfg.seed),  # the letter shuffles (jaxopt_marl.seeding)
-            batch=batch,
-            chunks=chunks,
-            prompt=prompt,
-        )
+        roller = CompiledRoller.for_run(cfg, env, lib, compiled, model, tok, batch=batch, prompt=prompt)
     except ValueError as e:  # a model whose adapters do not fit the mode: before any compute
         raise InputError(str(e)) from None
     policy = roller.policy
