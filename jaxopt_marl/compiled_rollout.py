@@ -62,7 +62,7 @@ from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTC
 from jaxopt_marl.train_step import DecisionBatch
 from lora import sampling
 from lora.model import KVCache
-from lora.tokenizer import render_chat
+from lora.tokenizer import render_chat, stop_token_ids
 
 #: Outcome codes of a decision besides the records' (0 success, 1 effect_fail, 2 + k explicit reason k):
 #: its option is still running, the episode ended while it ran, or no option started (the agent idled).
@@ -317,8 +317,7 @@ class CompiledRoller:
         self.graphdef, _, _ = split_model(model)
         self.wait_id = lib.option_names.index("wait") if "wait" in lib.option_names else -1
         self.idle_code = len(lib.option_names)
-        eos = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
-        self.eos_ids = tuple(sorted(int(e) for e in eos if e is not None and e >= 0))
+        self.eos_ids = stop_token_ids(tokenizer)
         self.pad_id = int(self.prompt.pad_id)
         self.letter_ids = np.asarray(self.prompt.letter_ids, np.int32)
         self.response_len = cfg.response_len

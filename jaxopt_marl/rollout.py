@@ -48,7 +48,7 @@ from flax import nnx
 from jaxopt_marl import macro, menus, parsing, prompts
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
 from lora import sampling
-from lora.tokenizer import render_chat
+from lora.tokenizer import render_chat, stop_token_ids
 
 MODES = ("sample", "choice_only")
 # Prompt columns are padded to a multiple of this (bounds the number of compiled shapes).
@@ -145,8 +145,7 @@ class LLMPolicy:
         self.graphdef, self.state = nnx.split(model)
         self.system = prompts.system_message(game)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        eos = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
-        self.eos_ids = tuple(sorted(int(e) for e in eos if e is not None and e >= 0))
+        self.eos_ids = stop_token_ids(tokenizer)
         # Shared prefix: the rendered system turn (only if the full render starts with it).
         sys_text = render_chat(tokenizer, [{"role": "system", "content": self.system}], add_generation_prompt=False)
         probe = render_chat(tokenizer, [{"role": "system", "content": self.system}, {"role": "user", "content": "x"}])

@@ -235,6 +235,7 @@ def test_chat_template_comes_from_the_checkpoint(tmp_path):
     words = specials + ["user", "model", "hello", "be", "kind", "\n"]
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(specials)  # as in Gemma's tokenizer.json: the turn markers are special added tokens
     tok.save(str(directory / "tokenizer.json"))
     with open(directory / "tokenizer_config.json", "w") as f:
         json.dump(
@@ -246,3 +247,8 @@ def test_chat_template_comes_from_the_checkpoint(tmp_path):
     full = render_chat(tokenizer, [system, user])
     assert full == "<bos><start_of_turn>user\nbe kind\n\nhello<end_of_turn>\n<start_of_turn>model\n"
     assert full.startswith(render_chat(tokenizer, [system], add_generation_prompt=False))
+    # Replies stop at the template's <end_of_turn> (id 4) and <eos> (1); not at <pad> (0), the unknown token
+    # that a lookup of ChatML's "<|im_end|>" by name returns in this vocabulary.
+    from lora.tokenizer import stop_token_ids
+
+    assert stop_token_ids(tokenizer) == (1, 4)
