@@ -316,12 +316,13 @@ def _process_file(out: Path, p: int) -> Path:
 
 def launch_fingerprint(seeds: list[int], num_processes: int, cfg: RunConfig) -> str:
     """The hash every process of one launch computes alike: the seed list, the process count and the run
-    configuration without its per-seed fields (``seed``, ``library``); a completion file of other settings is not
+    configuration without its per-seed fields (:data:`PER_SEED_KEYS`); a completion file of other settings is not
     this launch's."""
     import hashlib
 
-    flat = {k: v for k, v in cfg.flat_dict().items() if k not in ("seed", "library")}
-    blob = json.dumps({"seeds": list(seeds), "num_processes": num_processes, "config": flat}, sort_keys=True)
+    blob = json.dumps(
+        {"seeds": list(seeds), "num_processes": num_processes, "config": _launch_view(cfg.flat_dict())}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
