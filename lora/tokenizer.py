@@ -15,6 +15,11 @@ from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 
+try:  # what a chat template's ``raise_exception`` raises (transformers' apply_chat_template); absent without jinja2
+    from jinja2.exceptions import TemplateError as _TemplateError
+except ImportError:  # render_chat's ChatML fallback raises ValueError only
+    _TemplateError = ValueError
+
 # GPT-2 / Llama-3 / Qwen2 split regexes (llama.cpp llama-vocab.cpp; HF tokenizer.json "Split").
 _LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
@@ -151,7 +156,8 @@ def stop_token_ids(tokenizer) -> tuple[int, ...]:
       Sorted, distinct int ids (one or two), each in ``[0, len(tokenizer))``.
 
     Raises:
-      ValueError: if the tokenizer has neither an EOS token nor an end-of-turn token in its template.
+      ValueError: if the tokenizer has neither an EOS token nor an end-of-turn token in its template. Other
+        errors of the template (anything but ``ValueError`` or jinja2's ``TemplateError``) propagate.
     """
     special = {int(i) for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     special |= {int(i) for i in tokenizer.all_special_ids}
@@ -163,7 +169,7 @@ def stop_token_ids(tokenizer) -> tuple[int, ...]:
             [{"role": "user", "content": "x"}, {"role": "assistant", "content": sentinel}],
             add_generation_prompt=False,
         )
-    except Exception as e:  # a template's own raise_exception, or no template: only the EOS is known
+    except (ValueError, _TemplateError) as e:  # no template, or the template's own raise_exception
         log.warning("chat template cannot render an assistant turn (%s); the reply stops at EOS only", e)
         text = ""
     if sentinel in text:
