@@ -29,6 +29,7 @@ or with a wrongly typed burnin.json field) fails before any compute with one lin
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
@@ -68,12 +69,20 @@ class Args:
     """llm only: default (SmolLM2-135M-Instruct GGUF), tiny-random (tests) or a GGUF file / HF directory."""
     temperature: float | None = None
     """llm only: the sampling temperature (default: the paper's for the game, ``jaxopt_marl.config.PAPER``)."""
+    library: str = "canonical"
+    """The option-library variant (``jaxopt_marl.options.LIBRARIES``; paper §6.1)."""
 
     def __post_init__(self):
         """Raises InputError on an unknown game or policy, a count below 1, ``--model`` / ``--temperature`` with
         the uniform policy or a temperature <= 0 (naming the flag and the value)."""
         if self.game not in GAMES:
             raise InputError(f"unknown game {self.game!r}; valid games: {', '.join(GAMES)}")
+        from jaxopt_marl import options
+
+        try:
+            options.check_library_name(self.game, self.library)
+        except ValueError as e:
+            raise InputError(f"--library: {e}") from None
         if self.policy not in POLICIES:
             raise InputError(f"unknown --policy {self.policy!r}; valid policies: {', '.join(POLICIES)}")
         if self.policy != "llm":
@@ -152,6 +161,11 @@ def parse_args(argv: list[str]) -> Args | CompareArgs:
     )
     ap.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     ap.add_argument(
+        "--library",
+        default="canonical",
+        help="option-library variant (jaxopt_marl.options.LIBRARIES: canonical, compact, detailed; paper §6.1)",
+    )
+    ap.add_argument(
         "--chunk",
         type=int,
         default=None,
@@ -182,6 +196,7 @@ def parse_args(argv: list[str]) -> Args | CompareArgs:
         policy=a.policy,
         model=a.model,
         temperature=a.temperature,
+        library=a.library,
     )
 
 
@@ -250,7 +265,7 @@ def main(args: Args) -> dict:
         check_model(None if args.model in (None, DEFAULT_MODEL) else args.model)
     check_out_dir(args.out)
     try:
-        lib = options.get_library(args.game)
+        lib = options.get_library(args.game, library=args.library)
     except options.LibraryNotAvailable as e:
         raise InputError(str(e)) from None
 
@@ -284,7 +299,7 @@ def main(args: Args) -> dict:
     t1 = time.perf_counter()
     guards = burnin.synthesize(lib, result.codes, min_support=args.min_support)
     t_guards = time.perf_counter() - t1
-    summary = burnin.write_outputs(
+    written = burnin.write_outputs(
         lib,
         result,
         guards,
@@ -293,7 +308,11 @@ def main(args: Args) -> dict:
         seconds_guards=t_guards,
         steps=args.steps or int(env.max_steps),
         min_support=args.min_support,
-    ).to_dict()
+    )
+    summary = written.to_dict()
+    warning = burnin.never_succeeded_warning(written)
+    if warning:
+        print(warning, file=sys.stderr)
     print(
         f"{result.decisions} decisions in {result.seconds:.2f} s ({summary['decisions_per_s']:.1f}/s, compile "
         f"included: {summary['seconds_compile']} s; {time.perf_counter() - t0:.2f} s in all); {len(guards)} guards "
@@ -313,7 +332,7 @@ def run_llm(args: Args):
     from lora import LoRAConfig
 
     env = envs_jax.make(args.game, **({} if args.steps is None else {"max_steps": args.steps}))
-    lib = options.get_library(args.game, env)
+    lib = options.get_library(args.game, env, library=args.library)
     spec = None if args.model in (None, DEFAULT_MODEL) else args.model
     t0 = time.perf_counter()
     try:

@@ -704,6 +704,12 @@ class BurninSummary(_JsonRecord):
             (None for uniform). A file written before these keys existed loads as uniform.
         seconds_compile: of ``seconds``, the episode program's compile (None: not measured), so that
             ``seconds - seconds_compile`` is the warm cost.
+        attempts_per_option, successes_per_option: completed executions and successes per option name (every
+            option, in menu order; None in files written before they were recorded).
+        never_succeeded: option name -> attempts, for every option tried at least once that never succeeded:
+            the symptom of the paper's defect 3 (§5.1: "an option whose explicit failure rate is 100% while the
+            task it names is plainly achievable"), flagged for the Stage-1 repair loop; ``{}`` when none.
+        library: the option-library variant (``jaxopt_marl.options.LIBRARIES``; None in older files).
     """
 
     game: str
@@ -723,6 +729,10 @@ class BurninSummary(_JsonRecord):
     model: str | None = None
     temperature: float | None = None
     seconds_compile: float | None = None
+    attempts_per_option: dict | None = None
+    successes_per_option: dict | None = None
+    never_succeeded: dict | None = None
+    library: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

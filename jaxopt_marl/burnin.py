@@ -46,7 +46,7 @@ from jaxopt_marl import macro
 from jaxopt_marl.artifacts import BURNIN_JSON, BurninSummary
 from jaxopt_marl.guards import MIN_SUPPORT, GuardList, synthesize_guards, write_guards
 from jaxopt_marl.options.base import OptionLibrary
-from jaxopt_marl.records import RecordCodes, records_from_arrays, write_records
+from jaxopt_marl.records import OUTCOME_SUCCESS, RecordCodes, records_from_arrays, write_records
 
 #: Default episodes per jitted chunk (memory: chunk * T * A record rows).
 DEFAULT_CHUNK = 500
@@ -370,8 +370,10 @@ def summarize(
     steps: int | None = None,
     min_support: int = MIN_SUPPORT,
 ) -> BurninSummary:
-    """The :class:`BurninSummary` of ``result`` and the ``guards`` synthesized from it."""
+    """The :class:`BurninSummary` of ``result`` and the ``guards`` synthesized from it (with the options that
+    never succeeded: :func:`never_succeeded`)."""
     per_opt = Counter(g.opt for g in guards)
+    tried, won = option_outcomes(lib, result.codes)
     return BurninSummary(
         game=lib.game,
         episodes=result.episodes,
@@ -390,6 +392,34 @@ def summarize(
         model=result.model,
         temperature=result.temperature,
         seconds_compile=None if result.seconds_compile is None else round(result.seconds_compile, 3),
+        attempts_per_option=tried,
+        successes_per_option=won,
+        never_succeeded={o: n for o, n in tried.items() if n and not won[o]},
+        library=getattr(lib, "library", None),
+    )
+
+
+def option_outcomes(lib: OptionLibrary, codes) -> tuple[dict[str, int], dict[str, int]]:
+    """``(attempts, successes)`` per option name of ``lib`` (menu order) over the records ``codes``
+    (:class:`jaxopt_marl.records.RecordCodes`: ``opt int32[N]``, ``outcome`` 0 = success)."""
+    n = len(lib.option_names)
+    opt = np.asarray(codes.opt, np.int64)
+    tried = np.bincount(opt, minlength=n)
+    won = np.bincount(opt[np.asarray(codes.outcome) == OUTCOME_SUCCESS], minlength=n)
+    names = lib.option_names
+    return {o: int(tried[i]) for i, o in enumerate(names)}, {o: int(won[i]) for i, o in enumerate(names)}
+
+
+def never_succeeded_warning(summary: BurninSummary) -> str | None:
+    """The console warning for a burn-in with options that never succeeded (None when every tried option
+    succeeded at least once)."""
+    bad = summary.never_succeeded or {}
+    if not bad:
+        return None
+    names = ", ".join(f"{o} (0 of {n})" for o, n in bad.items())
+    return (
+        f"warning: burn-in: option(s) that never succeeded: {names}; a 100% failure rate is the symptom of the "
+        f"paper's defect 3 (§5.1): check the option's instantiation and contract"
     )
 
 
@@ -420,6 +450,8 @@ __all__ = [
     "BurninResult",
     "BurninSummary",
     "episode_plan",
+    "never_succeeded_warning",
+    "option_outcomes",
     "make_episodes_fn",
     "make_llm_roller",
     "run_burnin",

@@ -1,5 +1,6 @@
 """Stage-2 burn-in on AA: records, plausible guards (incl. §5.1's start_cooking guards), the CLI."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -54,6 +55,25 @@ def test_defect1_absolute_form_vetoes_the_guard():
     res = burnin.run_burnin(lib, env, 10, 10, seed=0, chunk=20)
     gs = guard_set(burnin.synthesize(lib, res.codes))
     assert ("pick_onion", "inferred", (("held", "onion"),)) not in gs
+
+
+def test_options_that_never_succeed_are_flagged(result):
+    """burnin.json counts attempts and successes per option and flags an option tried but never successful
+    (paper §5.1 defect 3's symptom: a 100% failure rate), naming it in the console warning."""
+    lib, res = result
+    c = res.codes
+    s = burnin.summarize(lib, res, [], seed=0, seconds_guards=0.0)
+    for i, name in enumerate(lib.option_names):
+        assert s.attempts_per_option[name] == int((c.opt == i).sum())
+        assert s.successes_per_option[name] == int(((c.opt == i) & (c.outcome == 0)).sum())
+    assert sum(s.attempts_per_option.values()) == res.decisions
+    assert s.never_succeeded == {} and burnin.never_succeeded_warning(s) is None  # every AA option succeeds
+    deliver = lib.option_names.index("deliver")
+    broken = dataclasses.replace(res, codes=c._replace(outcome=np.where(c.opt == deliver, 2 + 1, c.outcome)))
+    s = burnin.summarize(lib, broken, [], seed=0, seconds_guards=0.0)
+    tried = int((c.opt == deliver).sum())
+    assert tried > 0 and s.never_succeeded == {"deliver": tried}
+    assert f"deliver (0 of {tried})" in burnin.never_succeeded_warning(s)
 
 
 def test_cli_writes_outputs(tmp_path):

@@ -41,14 +41,14 @@ def tok():
 
 
 @functools.cache
-def _setup(game):
+def _setup(game, library=options.CANONICAL):
     env = envs_jax.make(game)
-    return env, options.get_library(game, env)
+    return env, options.get_library(game, env, library=library)
 
 
 @functools.cache
-def _ids(game, mode, tok_key="smollm2"):
-    env, lib = _setup(game)
+def _ids(game, mode, tok_key="smollm2", library=options.CANONICAL):
+    env, lib = _setup(game, library)
     tok = smollm2_tokenizer() if tok_key == "smollm2" else _regex_tokenizer(tok_key)
     return prompt_ids.PromptIds(game, env, lib, tok, mode=mode, max_steps=MAX_STEPS)
 
@@ -67,9 +67,9 @@ def _regex_tokenizer(pre):
 
 
 @functools.cache
-def _episodes(game):
+def _episodes(game, library=options.CANONICAL):
     """Env states of SEEDS random-macro episodes (``macro.uniform_policy``), flattened: [SEEDS * STEPS]."""
-    env, lib = _setup(game)
+    env, lib = _setup(game, library)
     step = macro.make_macro_step(lib, env)
 
     def episode(key):
@@ -132,11 +132,11 @@ def _extremes(game, states, rng):
     return states.replace(pos=pos, alive=alive, apples_total=apples_total.astype(np.int32))
 
 
-def _decisions(game, rng, n):
+def _decisions(game, rng, n, library=options.CANONICAL):
     """``n`` random decisions: (states [n], aids int32[n], guard kind int32[n], u float32[n, I], letter keys,
     memories AgentMemory[n])."""
-    env, lib = _setup(game)
-    flat = _episodes(game)
+    env, lib = _setup(game, library)
+    flat = _episodes(game, library)
     idx = rng.integers(0, flat.step.shape[0], n)
     states = _extremes(game, jax.tree.map(lambda x: x[idx], flat), rng)
     aids = rng.integers(0, lib.num_agents, n).astype(np.int32)
@@ -168,18 +168,19 @@ OTHER_REGEX = {"cleanup": "qwen2", "overcooked_fc": "llama3"}
 _COMPILED = {}
 
 
-def _builders(game):
-    """The PromptIds a game's decisions are assembled with: both modes (+ another split regex)."""
-    out = [_ids(game, "sample"), _ids(game, "choice_only")]
-    return out + ([_ids(game, "choice_only", OTHER_REGEX[game])] if game in OTHER_REGEX else [])
+def _builders(game, library=options.CANONICAL):
+    """The PromptIds a game's decisions are assembled with: both modes (+ another split regex, canonical only)."""
+    out = [_ids(game, "sample", library=library), _ids(game, "choice_only", library=library)]
+    other = game in OTHER_REGEX and library == options.CANONICAL
+    return out + ([_ids(game, "choice_only", OTHER_REGEX[game])] if other else [])
 
 
-def _device(game, states, aids, kind, u, keys, mems, letters=None):
+def _device(game, states, aids, kind, u, keys, mems, letters=None, library=options.CANONICAL):
     """Instances, letters, every builder's (ids, lengths) and the state label code of a batch of decisions: one
-    program, vmapped, compiled once per game and batch shape. ``letters`` (``int32[B, I]``) replaces the random
-    menus."""
-    _, lib = _setup(game)
-    builders = _builders(game)
+    program, vmapped, compiled once per game, library and batch shape. ``letters`` (``int32[B, I]``) replaces the
+    random menus."""
+    _, lib = _setup(game, library)
+    builders = _builders(game, library)
     if letters is None:
         letters = np.full((aids.shape[0], lib.num_instances), -2, np.int32)
 
@@ -195,7 +196,7 @@ def _device(game, states, aids, kind, u, keys, mems, letters=None):
         )
 
     args = (states, aids, kind, u, keys, mems, jnp.asarray(letters, jnp.int32))
-    sig = (game, str(jax.tree.map(lambda x: (x.shape, x.dtype), args)))
+    sig = (game, library, str(jax.tree.map(lambda x: (x.shape, x.dtype), args)))
     if sig not in _COMPILED:
         _COMPILED[sig] = jax.jit(jax.vmap(one)).lower(*args).compile(FAST_COMPILE)
     return jax.tree.map(np.asarray, _COMPILED[sig](*args))
@@ -434,3 +435,25 @@ def test_errors(tok):
     broken.add_tokens(["Facing: North"])  # an added token across a fragment boundary
     with pytest.raises(ValueError, match=r"harvest \(.*\): the tokenizer breaks the fragment scheme near "):
         prompt_ids.PromptIds("harvest", env, lib, broken, mode="sample", max_steps=MAX_STEPS)
+
+
+#: Random decisions per non-canonical library variant (each in both modes).
+VARIANT_DECISIONS = 300
+
+
+@pytest.mark.parametrize("library", ["compact", "detailed"])
+@pytest.mark.parametrize("game", ["cleanup", "overcooked_aa"])
+def test_variant_device_ids_equal_host_tokenization(game, library, tok):
+    """The library variants' phrasing and granularity (jaxopt_marl.options.variants) assemble exactly too: device
+    ids == the host rendering's tokenization on random decisions of each variant, and the labels are the
+    variant's."""
+    rng = np.random.default_rng(100 + GAMES.index(game))
+    states, aids, kind, u, keys, mems = _decisions(game, rng, VARIANT_DECISIONS, library)
+    builders = _builders(game, library)
+    inst, letters, outs, _ = _device(game, states, aids, kind, u, keys, mems, library=library)
+    refs = builders[0].reference_by_mode(jax.tree.map(np.asarray, states), np.asarray(aids), inst, letters, mems)
+    bad = [_compare(p, p.tok, refs[p.mode], ids, n) for p, (ids, n) in zip(builders, outs)]
+    assert bad == [0] * len(builders)
+    _, lib = _setup(game, library)
+    label = options.LIBRARIES[game][library]["labels"][lib.option_names[0]]
+    assert label.split(" ")[0] in "".join(refs["sample"])  # the variant's own phrasing is on the menus

@@ -44,8 +44,11 @@ def test_channels_keep_the_existing_derivations():
 
 def test_library_registry_and_draw(monkeypatch):
     for g in options.GAMES:
-        assert options.library_names(g) == ("canonical",)
-        assert {options.draw_library(g, s) for s in range(5)} == {"canonical"}
+        names = options.library_names(g)
+        assert names == ("canonical", "compact", "detailed")  # jaxopt_marl.options.variants
+        drawn = [options.draw_library(g, s) for s in range(20)]
+        assert set(drawn) == set(names)
+        assert drawn == [names[int(jax.random.randint(seeding.library_key(s), (), 0, 3))] for s in range(20)]
     # A second variant is one entry; auto then draws both over seeds, reproducibly, from the interface channel.
     monkeypatch.setitem(options.LIBRARIES, "cleanup", {"canonical": {}, "variant_x": {}})
     drawn = [options.draw_library("cleanup", s) for s in range(20)]
@@ -63,7 +66,10 @@ def test_library_registry_and_draw(monkeypatch):
 def test_library_flag_is_recorded_and_checked():
     ap = common.build_parser("x")
     cfg = common.config_from_args("harvest", ap.parse_args(["--preset", "smoke", "--seed", "4"]))
-    assert cfg.library == "canonical" and cfg.flat_dict()["library"] == "canonical"
+    drawn = options.draw_library("harvest", 4)
+    assert cfg.library == drawn and cfg.flat_dict()["library"] == drawn
+    cfg = common.config_from_args("harvest", ap.parse_args(["--preset", "smoke", "--library", "detailed"]))
+    assert cfg.library == "detailed"
     with pytest.raises(InputError, match="--library: unknown option library 'terse' for harvest"):
         common.config_from_args("harvest", ap.parse_args(["--preset", "smoke", "--library", "terse"]))
     with pytest.raises(ValueError, match="unknown option library 'auto'"):
@@ -133,7 +139,9 @@ def test_seeds_summary_matches_the_runs(seeds_run):
         d = out / f"seed_{r['seed']}"
         cfg = json.loads((d / "config.json").read_text())
         ev = json.loads((d / "eval.json").read_text())
-        assert cfg["seed"] == r["seed"] and cfg["library"] == r["library"] == "canonical"
+        assert cfg["seed"] == r["seed"] and cfg["library"] == r["library"] == options.draw_library(
+            cfg["game"], r["seed"]
+        )
         assert cfg["rounds"] == 1 and cfg["eval_episodes"] == 2
         rets = [e["team_return"] for e in ev["trained"]["episodes"]]
         assert r["trained"]["values"] == rets and r["trained"]["mean"] == pytest.approx(np.mean(rets), abs=1e-12)
@@ -143,9 +151,10 @@ def test_seeds_summary_matches_the_runs(seeds_run):
     t = s["across_seeds"]["trained"]
     assert t["values"] == pytest.approx(means) and t["mean"] == pytest.approx(np.mean(means), abs=1e-12)
     assert t["std"] == pytest.approx(np.std(means, ddof=1), abs=1e-12)
-    assert s["across_seeds"]["libraries"] == {"canonical": [0, 1]}
+    # Seeds 0 and 1 draw different variants (the interface channel): each seed's own library.
+    assert s["across_seeds"]["libraries"] == {"canonical": [0], "compact": [1]}
     md = (out / "seeds.md").read_text()
-    assert "Across seeds (Table 1)" in md and "| 1 | canonical |" in md
+    assert "Across seeds (Table 1)" in md and "| 1 | compact |" in md
     assert f"wrote {out / 'seeds.json'}" in stdout
 
 
@@ -158,7 +167,7 @@ def test_seeds_resume_skips_finished_and_resumes_cut(seeds_run, tmp_path, capsys
     # Both seeds finished: --resume runs nothing and writes the same summary.
     seeds.main([*SEEDS_ARGS, "--out", str(copy), "--resume"])
     stdout = capsys.readouterr().out
-    assert "== seed 0 (canonical library): skip" in stdout and "== seed 1 (canonical library): skip" in stdout
+    assert "== seed 0 (canonical library): skip" in stdout and "== seed 1 (compact library): skip" in stdout
     assert json.loads((copy / "seeds.json").read_text()) == before
     # A cut seed (no report yet) is resumed, a never-started one started; without --resume both are refused.
     (copy / "seed_1" / "report.md").unlink()
@@ -243,7 +252,7 @@ def test_summary_covers_earlier_calls_seeds(tmp_path, capsys):
     (out / "seed_8").mkdir()  # unfinished
     seeds.main([*argv, "--seed", "2", "--seeds", "1", "--out", str(out), "--resume"])
     stdout = capsys.readouterr().out
-    assert "== seed 2 (canonical library): skip" in stdout and "across 3 seeds (0, 1, 2)" in stdout
+    assert "== seed 2 (detailed library): skip" in stdout and "across 3 seeds (0, 1, 2)" in stdout
     s = json.loads((out / "seeds.json").read_text())
     assert s["seeds"] == [0, 1, 2] and [r["seed"] for r in s["runs"]] == [0, 1, 2]
     assert s["seeds_this_call"] == [2] and s["seeds_earlier"] == [0, 1] and s["left_out"] == ["seed_7", "seed_8"]
@@ -252,7 +261,7 @@ def test_summary_covers_earlier_calls_seeds(tmp_path, capsys):
     md = (out / "seeds.md").read_text()
     assert "Seeds covered: 0, 1, 2 (this call: 2; earlier calls: 0, 1)." in md
     assert "Not summarized (unfinished or other settings): seed_7, seed_8." in md
-    assert "| 0 | canonical |" in md and "| 2 | canonical |" in md
+    assert "| 0 | canonical |" in md and "| 2 | detailed |" in md
 
 
 def test_help_says_what_seeds_does():

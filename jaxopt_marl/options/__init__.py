@@ -6,9 +6,11 @@ Each game module exposes ``make_library(env) -> OptionLibrary`` (protocol: :mod:
 :class:`LibraryNotAvailable`.
 
 Library variants (paper §6.1: "each seed also draws one of several option libraries"): :data:`LIBRARIES` maps
-each game to its named variants, each the keyword arguments its factory is called with; today every game has one,
-:data:`CANONICAL` (``{}``: the library as written). Adding a variant is one entry, e.g.
-``LIBRARIES["cleanup"]["terse"] = {"phrasing": "terse"}`` for a factory that takes ``phrasing``. A run names its
+each game to its named variants, each the keyword arguments its library is built with: :data:`CANONICAL` (``{}``:
+the library as written) and the drafts of :mod:`jaxopt_marl.options.variants` (``compact``, ``detailed``: other
+granularity, menu phrasing and read sets). ``labels`` and ``read_sets`` are applied to the built library
+(:func:`jaxopt_marl.options.base.apply_variant`), every other key goes to the factory. Adding a variant is one
+entry, e.g. ``LIBRARIES["cleanup"]["wide"] = {"target_cap": 12}``. A run names its
 variant (``--library NAME``, :attr:`jaxopt_marl.config.RunConfig.library`, ``config.json``'s ``library``) or
 draws one (``--library auto``: :func:`draw_library`, uniform over the sorted names with the run seed's interface
 channel, :func:`jaxopt_marl.seeding.library_key`). The draw happens at the run's start and is then part of the
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from jaxopt_marl.options import variants as _variants
 
 if TYPE_CHECKING:
     from jaxopt_marl.options.base import OptionLibrary
@@ -53,8 +57,10 @@ GAMES: tuple[str, ...] = tuple(_REGISTRY)
 CANONICAL = "canonical"
 #: ``--library auto``: draw a variant with the seed's interface channel.
 AUTO = "auto"
-#: game -> variant name -> the factory's keyword arguments for that variant (one entry per variant).
-LIBRARIES: dict[str, dict[str, dict[str, Any]]] = {game: {CANONICAL: {}} for game in _REGISTRY}
+#: game -> variant name -> the variant's keyword arguments (one entry per variant; module docstring).
+LIBRARIES: dict[str, dict[str, dict[str, Any]]] = {
+    game: {CANONICAL: {}, **_variants.VARIANTS[_variants.FAMILY[game]]} for game in _REGISTRY
+}
 
 
 def library_names(game: str) -> tuple[str, ...]:
@@ -147,7 +153,8 @@ def get_library(game: str, env=None, library: str = CANONICAL, **config: Any) ->
     Args:
         game: a game name of :mod:`envs_jax` (``cleanup``, ``harvest``, ``overcooked_aa``, ``overcooked_fc``).
         env: the environment (default: ``envs_jax.make(game)``).
-        library: the variant (a name of :data:`LIBRARIES`; default :data:`CANONICAL`).
+        library: the variant (a name of :data:`LIBRARIES`; default :data:`CANONICAL`); the library records it
+            as ``lib.library``.
         **config: library options (e.g. ``effects="naive"`` for the defect tests on Overcooked).
 
     Raises:
@@ -160,7 +167,15 @@ def get_library(game: str, env=None, library: str = CANONICAL, **config: Any) ->
         import envs_jax
 
         env = envs_jax.make(game)
-    return factory(env, **_REGISTRY[game][2], **{**LIBRARIES[game][library], **config})
+    kw = {**LIBRARIES[game][library], **config}
+    applied = {k: kw.pop(k) for k in _variants.APPLIED if k in kw}
+    lib = factory(env, **_REGISTRY[game][2], **kw)
+    if applied:
+        from jaxopt_marl.options.base import apply_variant
+
+        apply_variant(lib, **applied)
+    lib.library = library
+    return lib
 
 
 __all__ = [

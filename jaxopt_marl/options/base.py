@@ -335,12 +335,54 @@ def turn_action(facing: jax.Array, want: jax.Array) -> jax.Array:
     return jnp.where(rel == 0, MP_NOOP, jnp.where(rel == 3, MP_TURN_LEFT, MP_TURN_RIGHT)).astype(jnp.int32)
 
 
+def apply_variant(
+    lib: OptionLibrary, labels: dict[str, str] | None = None, read_sets: dict[str, tuple[str, ...]] | None = None
+) -> OptionLibrary:
+    """``lib`` with the menu phrasing and read sets of a library variant (paper §6.1; :data:`jaxopt_marl.options.
+    LIBRARIES`): option name -> label template, option name -> declared read set. Executors, instantiation,
+    termination and effect predicates are the library's own (a variant's granularity is its factory's keyword
+    arguments). Changes ``lib.options`` in place and returns ``lib``.
+
+    Raises:
+        ValueError: an unknown option name, a label whose fields are not exactly the target's ``{x}`` and ``{y}``
+            (none for a target-free option), or a read-set feature the library does not compute, each named.
+    """
+    import string
+
+    labels, read_sets = dict(labels or {}), dict(read_sets or {})
+    names = set(lib.option_names)
+    for what, table in (("label", labels), ("read set", read_sets)):
+        unknown = sorted(set(table) - names)
+        if unknown:
+            raise ValueError(f"{lib.game} variant: {what} of unknown option(s) {unknown}; options: {sorted(names)}")
+    out = []
+    for o in lib.options:
+        label = labels.get(o.name, o.label)
+        fields = {f for _, f, _, _ in string.Formatter().parse(label) if f is not None}
+        want = set() if o.target_class == NO_TARGET else {"x", "y"}
+        if fields != want:
+            raise ValueError(
+                f"{lib.game} variant: label {label!r} of {o.name} must have the fields {sorted(want)}, has {sorted(fields)}"
+            )
+        rs = tuple(read_sets.get(o.name, o.read_set))
+        bad = sorted(set(rs) - set(lib.feature_names))
+        if bad:
+            raise ValueError(
+                f"{lib.game} variant: read set of {o.name} names feature(s) {bad} the library does not compute "
+                f"({', '.join(lib.feature_names) or 'none'})"
+            )
+        out.append(dataclasses.replace(o, label=label, read_set=rs))
+    lib.options = tuple(out)
+    return lib
+
+
 def categorical_index(values: tuple[str, ...], value: str) -> int:
     """Code of ``value`` in a feature vocabulary (host side)."""
     return values.index(value)
 
 
 __all__ = [
+    "apply_variant",
     "NA",
     "NOTHING_HELD",
     "NO_PATH",

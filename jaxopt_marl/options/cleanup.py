@@ -67,8 +67,10 @@ from jaxopt_marl.options.meltingpot_common import (
     KIND_WAIT,
     KIND_WALK_ONTO,
     TARGET_CAP,
+    WAIT_STEPS,
     MeltingPotOptions,
     check_target_cap,
+    check_wait_steps,
     option_specs,
 )
 
@@ -93,7 +95,7 @@ FEATURES = (
 F_TGT_APPLE, F_TGT_DIRTY, F_CLEAN_READY, F_REGION, F_DIRT_LEVEL = range(len(FEATURES))
 V_NO, V_YES, V_NA = range(3)
 
-_VISIBLE = f"one instance per visible {{}}, capped at the {TARGET_CAP} nearest by path distance"
+_VISIBLE = "one instance per visible {}, capped at the {{cap}} nearest by path distance"
 # name, label, target class, kind, read set, instantiation, effect
 _OPTIONS = (
     (
@@ -153,14 +155,20 @@ class CleanupOptions(MeltingPotOptions):
     Args:
         env: an ``envs_jax.cleanup.Cleanup`` (the real map or a test ``ascii_map``).
         target_cap: instances per apple / dirt class (default :data:`TARGET_CAP`).
+        wait_steps: NOOPs of the ``wait`` option (default :data:`~jaxopt_marl.options.meltingpot_common.WAIT_STEPS`).
     """
 
     feature_specs = FEATURES
 
-    def __init__(self, env, target_cap: int = TARGET_CAP):
+    def __init__(self, env, target_cap: int = TARGET_CAP, wait_steps: int = WAIT_STEPS):
         check_target_cap(target_cap)
+        check_wait_steps(wait_steps)
+        self.wait_steps = int(wait_steps)
         options = option_specs(
-            _OPTIONS, {"apple": target_cap, "dirt": target_cap}, [_REGION_TEXT.get(i, "") for i in range(len(_OPTIONS))]
+            _OPTIONS,
+            {"apple": target_cap, "dirt": target_cap},
+            [_REGION_TEXT.get(i, "") for i in range(len(_OPTIONS))],
+            wait_steps,
         )
         river = np.asarray(env.dirt_capable, bool)
         orchard = np.asarray(env.apple_capable, bool)

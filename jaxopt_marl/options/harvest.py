@@ -48,8 +48,10 @@ from jaxopt_marl.options.meltingpot_common import (
     KIND_WAIT,
     KIND_WALK_ONTO,
     TARGET_CAP,
+    WAIT_STEPS,
     MeltingPotOptions,
     check_target_cap,
+    check_wait_steps,
     compass_toward,
     option_specs,
 )
@@ -79,7 +81,7 @@ _OPTIONS = (
         "apple",
         KIND_WALK_ONTO,
         ("tgt_apple", "in_tgt_patch", "tgt_patch_apples"),
-        f"one instance per visible apple, capped at the {TARGET_CAP} nearest by path distance",
+        "one instance per visible apple, capped at the {cap} nearest by path distance",
         "pre tgt_apple and post: on the target, ate > 0 this step and apples_total increased",
     ),
     (
@@ -119,19 +121,22 @@ class HarvestOptions(MeltingPotOptions):
     Args:
         env: an ``envs_jax.harvest.CommonsHarvest`` (the real map or a test ``ascii_map``).
         target_cap: apple instances (default :data:`TARGET_CAP`).
+        wait_steps: NOOPs of the ``wait`` option (default :data:`~jaxopt_marl.options.meltingpot_common.WAIT_STEPS`).
     """
 
     feature_specs = FEATURES
 
-    def __init__(self, env, target_cap: int = TARGET_CAP):
+    def __init__(self, env, target_cap: int = TARGET_CAP, wait_steps: int = WAIT_STEPS):
         check_target_cap(target_cap)
+        check_wait_steps(wait_steps)
+        self.wait_steps = int(wait_steps)
         patch_id = np.asarray(env.patch_id, np.int32)
         n_patch = int(patch_id.max()) + 1
         if n_patch < 1:
             raise ValueError("the map has no apple patch")
         targets, cents = patch_targets(patch_id)
         texts = ["the target patch, facing its centroid"] * len(_OPTIONS)
-        options = option_specs(_OPTIONS, {"apple": target_cap, "patch": n_patch}, texts)
+        options = option_specs(_OPTIONS, {"apple": target_cap, "patch": n_patch}, texts, wait_steps)
         regions = patch_id[None] == np.arange(n_patch)[:, None, None]
         h, w = patch_id.shape
         cells = np.argwhere(np.ones((h, w), bool)).reshape(h, w, 2)

@@ -147,8 +147,14 @@ class ViewRanking(NamedTuple):
     count: jax.Array
 
 
-def contract_text(kind: int, inst: str, effect: str, region: str = "") -> str:
-    """The four-part contract of an option of ``kind`` in words."""
+def check_wait_steps(wait_steps: int) -> None:
+    """Raises ValueError unless ``wait_steps >= 1`` (NOOPs of the ``wait`` option)."""
+    if not (isinstance(wait_steps, int) and wait_steps >= 1):
+        raise ValueError(f"wait_steps must be an integer >= 1, got {wait_steps!r}")
+
+
+def contract_text(kind: int, inst: str, effect: str, region: str = "", wait_steps: int = WAIT_STEPS) -> str:
+    """The four-part contract of an option of ``kind`` in words (``wait_steps``: the ``wait`` option's NOOPs)."""
     ex = {
         KIND_WALK_ONTO: "Executor: shortest path (relative moves) onto the target cell; abandons when the target "
         "object is gone or the agent is removed (explicit failures: TargetAbsent, NoPath). "
@@ -159,7 +165,7 @@ def contract_text(kind: int, inst: str, effect: str, region: str = "") -> str:
         "FIRE that fires, abandon, or timeout.",
         KIND_REGION: f"Executor: shortest path to the nearest cell of {region}, then turn to face into it "
         "(explicit failure: NoPath). Termination: the last move or turn, or timeout.",
-        KIND_WAIT: f"Executor: {WAIT_STEPS} NOOPs; never fails. Termination: after {WAIT_STEPS} steps.",
+        KIND_WAIT: f"Executor: {wait_steps} NOOPs; never fails. Termination: after {wait_steps} steps.",
     }[kind]
     return f"Instantiation: {inst}. {ex} Effect: {effect}."
 
@@ -169,13 +175,15 @@ def contract_text(kind: int, inst: str, effect: str, region: str = "") -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def option_specs(rows, max_targets: dict[str, int], regions) -> tuple[OptionSpec, ...]:
+def option_specs(rows, max_targets: dict[str, int], regions, wait_steps: int = WAIT_STEPS) -> tuple[OptionSpec, ...]:
     """The :class:`~jaxopt_marl.options.base.OptionSpec` of each option row of a Melting Pot library.
 
     Args:
-        rows: ``(name, label, target_class, kind, read_set, instantiation, effect)`` per option, menu order.
+        rows: ``(name, label, target_class, kind, read_set, instantiation, effect)`` per option, menu order; an
+            instantiation text may name ``{cap}``, the instances of its target class.
         max_targets: instances per target class (a class not listed has one).
         regions: per row, the region text of its contract (:func:`contract_text`).
+        wait_steps: the ``wait`` option's NOOPs (its contract text).
     """
     return tuple(
         OptionSpec(
@@ -185,7 +193,7 @@ def option_specs(rows, max_targets: dict[str, int], regions) -> tuple[OptionSpec
             read_set=rs,
             solo_only=False,
             max_targets=max_targets.get(cls, 1),
-            contract=contract_text(kind, inst, eff, region),
+            contract=contract_text(kind, inst.format(cap=max_targets.get(cls, 1)), eff, region, wait_steps),
         )
         for (n, lab, cls, kind, rs, inst, eff), region in zip(rows, regions, strict=True)
     )
@@ -228,6 +236,8 @@ class MeltingPotOptions(OptionLibrary):
     timeout = TIMEOUT
     #: The beam option's fire action (Clean Up: FIRE_CLEAN).
     beam_action = mp.FIRE_CLEAN
+    #: NOOPs of the ``wait`` option (a library variant's granularity may change it; :func:`check_wait_steps`).
+    wait_steps = WAIT_STEPS
 
     def _setup(
         self,
@@ -503,7 +513,7 @@ class MeltingPotOptions(OptionLibrary):
         )
 
         # 5. Wait.
-        wait_drained = ex.t + 1 >= WAIT_STEPS
+        wait_drained = ex.t + 1 >= self.wait_steps
 
         action = jnp.select(
             [kind == KIND_WALK_ONTO, kind == KIND_BEAM, kind == KIND_REGION],
@@ -549,6 +559,7 @@ __all__ = [
     "KIND_WAIT",
     "KIND_WALK_ONTO",
     "TARGET_CAP",
+    "check_wait_steps",
     "TIMEOUT",
     "WAIT_STEPS",
     "WINDOW_CELLS",

@@ -75,6 +75,8 @@ from jaxopt_marl.options.base import (
 COUNTER_CAP = 3
 #: Option timeout in env steps (AA's longest interact plan is < 15 steps; a stall ends here).
 TIMEOUT = 32
+#: ``stay`` steps of the ``wait`` option (a library variant's granularity may change it).
+WAIT_STEPS = 1
 
 HELD_VALUES = ("nothing", "onion", "dish", "soup")  # = envs_jax.overcooked ITEM_* codes 0..3
 POT_VALUES = ("empty", "filling", "full", "cooking", "ready", NA)
@@ -163,7 +165,7 @@ _OPTIONS = (
         "free_counter",
         ("held", "tgt_item"),
         False,
-        f"the {COUNTER_CAP} nearest free counters",
+        "the {cap} nearest free counters",
         "pre held != nothing and post held == nothing and the target counter now holds the pre held item",
     ),
     (
@@ -172,7 +174,7 @@ _OPTIONS = (
         "occupied_counter",
         ("held", "tgt_item"),
         False,
-        f"the {COUNTER_CAP} nearest counters holding an item",
+        "the {cap} nearest counters holding an item",
         "pre held == nothing and post held != nothing and the target counter is now empty",
     ),
     ("wait", "wait", NO_TARGET, (), False, "always one instance", "always true"),
@@ -182,10 +184,10 @@ _OPTIONS = (
 )
 
 
-def _contract(inst: str, opt: str, effect: str) -> str:
+def _contract(inst: str, opt: str, effect: str, wait_steps: int = 1) -> str:
     extra = ", NothingHeld" if opt == "drop_held" else ""
     ex = (
-        "Executor: one stay; never fails. Termination: after one step."
+        f"Executor: {wait_steps} stay; never fails. Termination: after {wait_steps} step(s)."
         if opt == "wait"
         else _INTERACT.format(extra=extra)
     )
@@ -206,15 +208,29 @@ class OvercookedOptions(OptionLibrary):
             absolute acquire effects, pot-count-only ``place_in_pot``) for the Defect 1/2 tests.
         nearest_only: instantiate each fixed class only for its nearest target by Manhattan distance (the
             defective first draft of Defect 3); counters keep one slot each.
+        counter_cap: instance slots of each counter class (default :data:`COUNTER_CAP`).
+        wait_steps: ``stay`` steps of the ``wait`` option (default :data:`WAIT_STEPS`).
     """
 
     num_agents = oc.NUM_AGENTS
     timeout = TIMEOUT
     feature_specs = FEATURES
 
-    def __init__(self, env, effects: str = "delta", nearest_only: bool = False):
+    def __init__(
+        self,
+        env,
+        effects: str = "delta",
+        nearest_only: bool = False,
+        counter_cap: int = COUNTER_CAP,
+        wait_steps: int = WAIT_STEPS,
+    ):
         if effects not in ("delta", "naive"):
             raise ValueError(f"effects must be 'delta' or 'naive', got {effects!r}")
+        if not (isinstance(counter_cap, int) and counter_cap >= 1):
+            raise ValueError(f"counter_cap must be an integer >= 1, got {counter_cap!r}")
+        if not (isinstance(wait_steps, int) and wait_steps >= 1):
+            raise ValueError(f"wait_steps must be an integer >= 1, got {wait_steps!r}")
+        self.wait_steps = int(wait_steps)
         self.env = env
         self.game = env.name
         self.effects_form = effects
@@ -232,7 +248,7 @@ class OvercookedOptions(OptionLibrary):
             "serving": info.serving,
         }
         self.class_targets = {k: np.asarray(v, np.int32) for k, v in classes.items()}
-        ncap = 1 if nearest_only else COUNTER_CAP
+        ncap = 1 if nearest_only else counter_cap
         sizes = []
         for _name, _, cls, *_ in _OPTIONS:
             if cls in classes:
@@ -249,7 +265,7 @@ class OvercookedOptions(OptionLibrary):
                 read_set=rs,
                 solo_only=solo,
                 max_targets=k,
-                contract=_contract(inst, n, eff),
+                contract=_contract(inst.format(cap=ncap), n, eff, self.wait_steps),
             )
             for (n, lab, cls, rs, solo, inst, eff), k in zip(_OPTIONS, sizes)
         )
@@ -428,7 +444,7 @@ class OvercookedOptions(OptionLibrary):
         drained = at_pose & facing_ok
         is_wait = ex.opt == WAIT
         action = jnp.where(is_wait, oc.STAY, action).astype(jnp.int32)
-        drained = drained | is_wait
+        drained = jnp.where(is_wait, ex.t + 1 >= self.wait_steps, drained)
         return action, drained, ex._replace(t=ex.t + 1)
 
     def snapshot(self, state, aid, target):
