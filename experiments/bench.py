@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m experiments.bench {envs,llm,train,rollout} [options]``.
+"""Benchmarks: ``python -m experiments.bench {envs,llm,train,rollout,table2} [options]``.
 
 Bad input (an unknown benchmark, flag or value) fails before any compute with one line ``error: ...`` and exit
 status 2 (``--debug``: the traceback too; :mod:`experiments.cli`).
@@ -11,6 +11,7 @@ table (and JSON with ``--out``). Figures that go into BENCHMARKS.md come from th
 * ``llm``: prefill and decision throughput of the frozen LLM (see ``experiments/bench_llm.py``).
 * ``train``: PA-MAGRPO update throughput and MFU on a model-shaped random decoder (``experiments/bench_train.py``).
 * ``rollout``: the compiled rollout against the host loop and a bare LLM forward (``experiments/bench_rollout.py``).
+* ``table2``: wall time of the six-cell Table 2 smoke grid of one game, per cell (``experiments/bench_table2.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _BENCHES = {
     "llm": "experiments.bench_llm",
     "train": "experiments.bench_train",
     "rollout": "experiments.bench_rollout",
+    "table2": "experiments.bench_table2",
 }
 
 

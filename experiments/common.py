@@ -61,6 +61,15 @@ OVERRIDES = (
     ("min_support", "min_support", int, "guard synthesis: fewest failures a guard must explain (paper §5.1: 5)"),
     ("eval_episodes", "eval_episodes", int, "evaluation episodes (paper: 20)"),
     ("mode", "mode", str, "scoring mode: sample | choice_only"),
+    ("max_new_tokens", "max_new_tokens", int, "longest sampled response in tokens (sample mode)"),
+    (
+        "interface",
+        "interface",
+        str,
+        "action interface (paper Table 2): menu (the method) | native (primitive actions as letters, one call "
+        "per step: Ablations A, C) | compound_json (a JSON compound action, no menu or guards: Ablation D; "
+        "samples, with a 32-token response budget unless --mode / --max-new-tokens say otherwise)",
+    ),
     (
         "eval_checkpoint",
         "eval_checkpoint",
@@ -100,7 +109,7 @@ def build_parser(prog: str, layout: bool = False) -> argparse.ArgumentParser:
         "--library",
         default="auto",
         help="option-library variant: auto (default: drawn with the seed's interface channel, paper §6.1) or a "
-        "registered name (jaxopt_marl.options.LIBRARIES; today: canonical)",
+        "registered name (jaxopt_marl.options.LIBRARIES: canonical, compact, detailed)",
     )
     ap.add_argument(
         "--resume",
@@ -171,6 +180,9 @@ def config_from_args(game: str, args: argparse.Namespace, draw: bool = True, run
             kw[field] = getattr(args, dest)
     if args.no_eval_base:
         kw["eval_base"] = False
+    from jaxopt_marl.config import interface_overrides
+
+    kw = interface_overrides(kw)
     try:
         return RunConfig.from_preset(preset, game, **kw)
     except ValueError as e:

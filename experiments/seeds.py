@@ -123,35 +123,52 @@ def finished(run_dir: Path, cfg: RunConfig) -> bool:
 
 
 def plan(out: Path, cfgs: dict[int, RunConfig], resume: bool, force: bool) -> dict[int, str]:
-    """``{seed: "skip" | "resume" | "start" | "force"}`` for this process's seeds, checked before any compute.
+    """``{seed: "skip" | "resume" | "start" | "force"}`` for this process's seeds, checked before any compute
+    (:func:`plan_runs` of ``OUT/seed_<s>``).
 
     Raises:
         InputError: without ``resume`` / ``force``, a seed's directory exists; ``OUT/seed_<s>`` is a file, with
             or without them (each named).
     """
+    return plan_runs({s: (f"seed {s}", seed_dir(out, s), cfg) for s, cfg in cfgs.items()}, resume, force, "seed")
+
+
+def plan_runs(runs: dict, resume: bool, force: bool, kind: str) -> dict:
+    """``{key: "skip" | "resume" | "start" | "force"}`` for independent runs ``{key: (label, run_dir, cfg)}`` of
+    one experiment (``kind``: what one run is, ``seed`` or ``cell``), checked before any compute.
+
+    With ``resume``: ``skip`` a run :func:`finished` with exactly ``cfg``; ``resume`` a started one (its
+    ``config.json`` checked against ``cfg`` now, :func:`jaxopt_marl.preflight.prepare_run_dir`: a differing key
+    other than :data:`jaxopt_marl.config.RESUME_MAY_DIFFER` is refused, every one named with both values);
+    ``start`` (``force`` over a non-empty directory cut before its ``config.json``) one never started.
+    Without: ``start``, or ``force`` over an existing directory when ``force``.
+
+    Raises:
+        InputError: without ``resume`` / ``force``, a run's directory exists; a run directory is a file, with or
+            without them; on ``resume``, a started run of other settings (each named by its label).
+    """
     out_plan = {}
-    for s, cfg in cfgs.items():
-        d = seed_dir(out, s)
+    for key, (label, d, cfg) in runs.items():
         if d.exists() and not d.is_dir():
-            raise InputError(f"seed {s}: {d} exists and is not a directory (the seed's run directory)")
+            raise InputError(f"{label}: {d} exists and is not a directory (the {kind}'s run directory)")
         exists = d.exists() and any(d.iterdir())
         if resume:
             if finished(d, cfg):
-                out_plan[s] = "skip"
+                out_plan[key] = "skip"
             elif exists and (d / "config.json").exists():
                 from jaxopt_marl import preflight
 
                 preflight.prepare_run_dir(cfg, d, True, False)  # other flags than the run's: refused now
-                out_plan[s] = "resume"
+                out_plan[key] = "resume"
             else:  # never started, or cut before its config.json: start afresh
-                out_plan[s] = "force" if exists else "start"
+                out_plan[key] = "force" if exists else "start"
         elif exists and not force:
             raise InputError(
-                f"seed {s}: run directory {d} exists; pass --resume to skip finished seeds and continue cut ones, "
-                f"or --force to start every seed afresh"
+                f"{label}: run directory {d} exists; pass --resume to skip finished {kind}s and continue cut ones, "
+                f"or --force to start every {kind} afresh"
             )
         else:
-            out_plan[s] = "force" if exists else "start"
+            out_plan[key] = "force" if exists else "start"
     return out_plan
 
 
@@ -475,7 +492,18 @@ def cli(argv: list[str] | None = None) -> Path:
     return run_cli(main, argv)
 
 
-__all__ = ["build_seeds_parser", "cli", "covered", "finished", "main", "plan", "seed_dir", "share", "summarize"]
+__all__ = [
+    "build_seeds_parser",
+    "cli",
+    "covered",
+    "finished",
+    "main",
+    "plan",
+    "plan_runs",
+    "seed_dir",
+    "share",
+    "summarize",
+]
 
 if __name__ == "__main__":
     cli()

@@ -857,6 +857,7 @@ class CompiledRoller:
                     seed=int(seeds[b]),
                     step=int(dec.step[d]),
                     aid=int(dec.aid[d]),
+                    interface="menu",
                     prompt=user,
                     menu=menu_text.split("\n")[1:],
                     response=response,
@@ -891,25 +892,8 @@ class CompiledRoller:
         actions (int32[T, N]) with the same env keys (as :meth:`replay_frames`), stacked on a leading T axis
         (after the end: the last state's). ``view`` is a JAX function of the env state returning an array or a
         pytree of arrays (e.g. the live-apple grid ``lambda s: s.apples``), returned as NumPy arrays; ``name``
-        keys its compiled program (one per view)."""
-        if name not in self._replay:
-            env = self.env
-
-            def replay(seed, key, actions):
-                env_key = rollout.episode_keys(key, seed[None])[0][0]
-                _, state = env.reset(jax.random.PRNGKey(seed))
-
-                def step(s, a):
-                    acts = {ag: a[i] for i, ag in enumerate(env.agents)}
-                    _, nxt, _, _, _ = env.step_env(jax.random.fold_in(env_key, s.step), s, acts)
-                    nxt = jax.tree.map(lambda x, y: jnp.where(s.done, x, y), s, nxt)
-                    return nxt, view(nxt)
-
-                _, out = jax.lax.scan(step, state, actions)
-                return out
-
-            self._replay[name] = jax.jit(replay)
-        return jax.tree.map(np.asarray, self._replay[name](jnp.int32(seed), key, jnp.asarray(actions, jnp.int32)))
+        keys its compiled program (one per view). :func:`jaxopt_marl.rollout.replay_view`."""
+        return rollout.replay_view(self.env, self._replay, seed, key, actions, view, name)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -57,6 +57,12 @@ from lora.config import LoRAConfig
 GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
 PRESETS = ("paper", "cpu", "smoke")
 MODES = ("sample", "choice_only")
+# The action interfaces (paper Table 2; jaxopt_marl.interfaces, which imports JAX arrays: the names live here so
+# that the checks made before jax.distributed starts import no backend). menu = the method.
+INTERFACES = ("menu", "native", "compound_json")
+# Longest sampled response of a compound_json run ({"action": "go_to_orchard"} is 9 SmolLM2 tokens,
+# {"action": "clean_dirt", "target": [14, 5]} 16; twice that leaves room for a preamble). Ours.
+COMPOUND_MAX_NEW_TOKENS = 32
 EVAL_SEED0 = 10000  # paper §6.1: 20 evaluation episodes, seeds disjoint from training
 PAPER_EVAL_EPISODES = 20  # §6.1
 PAPER_ROUNDS = 100  # not stated in the paper: our choice
@@ -93,6 +99,21 @@ LORA_FLAT = frozenset(LORA_PREFIX + f.name for f in dataclasses.fields(LoRAConfi
 # test run afresh after the last round of every invocation, and config.json is rewritten with the new values).
 # Everything else shapes the training trajectory (or the burn-in and guards that a resume reuses) and must match.
 RESUME_MAY_DIFFER = frozenset({"rounds", "eval_episodes", "eval_base", "eval_checkpoint", "solo_episodes"})
+
+
+def check_interface(name: str) -> None:
+    """ValueError naming ``name`` and the valid interfaces unless it is one of :data:`INTERFACES`."""
+    if name not in INTERFACES:
+        raise ValueError(f"unknown interface {name!r}; valid interfaces: {', '.join(INTERFACES)}")
+
+
+def interface_overrides(kw: dict) -> dict:
+    """A run's config overrides ``kw`` (``RunConfig`` field -> value) with what ``compound_json`` needs and ``kw``
+    leaves open: ``mode="sample"`` (the cpu preset scores letters only) and ``max_new_tokens`` =
+    :data:`COMPOUND_MAX_NEW_TOKENS`. Other interfaces: ``kw`` unchanged."""
+    if kw.get("interface") != INTERFACES[2]:
+        return kw
+    return {"mode": "sample", "max_new_tokens": COMPOUND_MAX_NEW_TOKENS, **kw}
 
 
 def check_game(game: str) -> None:
@@ -217,13 +238,19 @@ class RunConfig:
     library: str = "canonical"
     # Steps per episode (paper §6.1: 150 Cleanup, 400 Harvest and Overcooked).
     episode_steps: int = 150
-    # PA-MAGRPO rounds (not stated in the paper: 100).
+    # PA-MAGRPO rounds (not stated in the paper: 100). 0 = no training: the run evaluates the frozen base alone
+    # (adapters off), the frozen cells of paper Table 2 (jaxopt_marl.pipeline; experiments.table2).
     rounds: int = PAPER_ROUNDS
     # LLM scoring: "sample" (two-line response, paper) or "choice_only" (one forward, letter distribution).
     # Sampling has no top-k / top-p; the temperature is magrpo.temperature.
     mode: str = "sample"
     # Longest sampled response ("sample" mode).
     max_new_tokens: int = 12
+    # Action interface (jaxopt_marl.interfaces; paper §6.2 Table 2): "menu" (the method: guarded option menu),
+    # "native" (primitive actions as letters, one call per step: Ablations A, C) or "compound_json" (a JSON
+    # compound action, no menu and no guards: Ablation D; "sample" mode only). The menu runs the compiled
+    # rollout, the others the host loop (jaxopt_marl.rollout.Roller).
+    interface: str = "menu"
     # Burn-in: this many solo plus this many joint episodes (uniform over the guardless menu; paper §5.1: 2000).
     burnin_episodes: int = PAPER_BURNIN_EPISODES
     # Burn-in episode length (None = episode_steps).
@@ -261,6 +288,11 @@ class RunConfig:
             raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         if self.mode not in MODES:
             raise ValueError(f"unknown scoring mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        check_interface(self.interface)
+        if self.interface == INTERFACES[2] and self.mode != "sample":
+            raise ValueError(
+                f"interface compound_json needs mode 'sample' (there is no menu letter to score), got {self.mode!r}"
+            )
         if self.chunking not in CHUNKINGS:
             raise ValueError(f"unknown chunking {self.chunking!r}; valid: {', '.join(CHUNKINGS)}")
         if self.eval_checkpoint not in EVAL_CHECKPOINTS:
@@ -269,9 +301,11 @@ class RunConfig:
         from jaxopt_marl import options
 
         options.check_library_name(self.game, self.library)
+        _require(
+            "rounds", self.rounds, _int(self.rounds) and self.rounds >= 0, ">= 0 (0: evaluate the frozen base only)"
+        )
         for name in (
             "episode_steps",
-            "rounds",
             "eval_episodes",
             "burnin_episodes",
             "max_new_tokens",
@@ -310,6 +344,12 @@ class RunConfig:
         return num_agents(self.game)
 
     @property
+    def frozen(self) -> bool:
+        """``rounds == 0``: no training; the evaluation plays the frozen base alone (adapters off) on the usual
+        seeds (:mod:`jaxopt_marl.evaluation`), paper Table 2's frozen cells."""
+        return self.rounds == 0
+
+    @property
     def reduced_budget(self) -> bool:
         """Anything but the paper preset is a reduced budget (said in the console and the report)."""
         return self.preset != "paper"
@@ -332,6 +372,7 @@ class RunConfig:
             temperature=self.magrpo.temperature,
             max_new_tokens=self.max_new_tokens,
             shared_adapter=self.magrpo.shared_adapter,
+            interface=self.interface,
         )
 
     def replace(self, **kw) -> RunConfig:
@@ -475,8 +516,10 @@ __all__ = [
     "CHECKPOINT_RULE",
     "DEFAULT_MODEL",
     "DEFAULT_MODEL_NAME",
+    "COMPOUND_MAX_NEW_TOKENS",
     "EVAL_SEED0",
     "GAMES",
+    "INTERFACES",
     "MODES",
     "PAPER",
     "PRESETS",
@@ -484,6 +527,8 @@ __all__ = [
     "TINY_RANDOM",
     "RunConfig",
     "check_game",
+    "check_interface",
+    "interface_overrides",
     "lora_config",
     "lora_dict",
     "lora_differences",

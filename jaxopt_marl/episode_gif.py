@@ -117,17 +117,26 @@ def gif_caption(seed: int, policy: str = "trained adapters") -> str:
 
 
 def write_eval_gif(
-    roller, env: Any, game: str, seed: int, key, actions: np.ndarray, checkpoint_round: int, path: str | Path
+    roller,
+    env: Any,
+    game: str,
+    seed: int,
+    key,
+    actions: np.ndarray,
+    checkpoint_round: int | None,
+    path: str | Path,
+    policy: str | None = None,
 ) -> Path:
     """The run's ``episode.gif``: the first evaluation episode (``eval.json``'s episode 0, ``seed``) replayed from
     its recorded primitive actions (int32[T, N]) with the same env keys
     (:meth:`jaxopt_marl.compiled_rollout.CompiledRoller.replay_frames`) and rendered, with a step counter, a
-    caption and a colour legend, at 8 frames per second."""
+    caption and a colour legend, at 8 frames per second. ``policy``: the caption's name of the policy (default
+    ``trained adapters of round <checkpoint_round>``)."""
     return write_episode_gif(
         roller.replay_frames(seed, key, actions),
         path,
         env,
-        f"{game}: " + gif_caption(seed, f"trained adapters of round {checkpoint_round}"),
+        f"{game}: " + gif_caption(seed, policy or f"trained adapters of round {checkpoint_round}"),
         fps=8,
     )
 

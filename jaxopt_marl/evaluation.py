@@ -8,6 +8,12 @@ the same seeds on the same menus (:func:`evaluate`). ``eval.json`` is a typed re
 their mean and std, parse counts) and ``stats``, the §6.1 bootstrap CIs and Mann–Whitney U test
 (:mod:`jaxopt_marl.stats`). ``eval_traj.npz`` (:class:`jaxopt_marl.artifacts.EvalTrajectories`) holds the
 per-step buffers the audits read, with the map layers and, for Harvest, the live-apple grid after every step.
+
+A run of ``rounds = 0`` (:attr:`jaxopt_marl.config.RunConfig.frozen`, paper Table 2's frozen cells) trained
+nothing: its evaluated policy is the frozen base itself, played with the adapters off (``reference``) on the same
+seeds and key, labelled ``frozen_base`` in ``eval.json``'s ``trained`` block (the block of the evaluated policy;
+:func:`frozen_choice` names it in the checkpoint fields), and no second base evaluation is played (it would
+repeat those episodes): ``base`` is None whatever ``eval_base`` says.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from jaxopt_marl.config import CHECKPOINT_RULE, EVAL_SEED0, RunConfig
 
 #: ``fold_in`` constant of the evaluation's key (the solo test and the GIF share it).
 EVAL_KEY_FOLD = 10**6
+#: ``eval.json`` labels of the evaluated policy: trained adapters, or the frozen base (adapters off).
+TRAINED_LABEL, FROZEN_LABEL = "trained", "frozen_base"
+#: ``eval.json``'s ``eval_checkpoint`` / ``checkpoint_rule`` of a run without training (``rounds = 0``).
+FROZEN_CHECKPOINT = "none"
+FROZEN_RULE = "no training (rounds = 0): the frozen base, adapters off"
 
 
 def eval_seeds(cfg: RunConfig) -> list[int]:
@@ -156,17 +167,22 @@ class CheckpointChoice:
         eval_checkpoint: ``best`` or ``final``.
         checkpoint_rule: how they were chosen (paper §6.1's rule, or why the final adapters were used instead).
         checkpoint_round: the round whose rollouts they played (final: the completed rounds, i.e. the round they
-            would play next).
+            would play next); None without training (:func:`frozen_choice`).
         checkpoint_train_return: that round's mean training team return, or None.
     """
 
     eval_checkpoint: str
     checkpoint_rule: str
-    checkpoint_round: int
+    checkpoint_round: int | None
     checkpoint_train_return: float | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def frozen_choice() -> CheckpointChoice:
+    """The checkpoint fields of a run without training (``rounds = 0``): no adapters, no round."""
+    return CheckpointChoice(FROZEN_CHECKPOINT, FROZEN_RULE, None)
 
 
 def choose_adapters(cfg: RunConfig, tr, policy) -> CheckpointChoice:
@@ -230,14 +246,18 @@ class Evaluation:
 
 def evaluate(cfg: RunConfig, roller, out: Path, ck: CheckpointChoice, progress: bool = True) -> Evaluation:
     """Plays the evaluation with the policy's current adapters (then the frozen base with ``cfg.eval_base``) and
-    writes ``out/eval.json`` and ``out/decisions/eval.jsonl`` (``eval_base.jsonl``)."""
+    writes ``out/eval.json`` and ``out/decisions/eval.jsonl`` (``eval_base.jsonl``). ``cfg.frozen``
+    (``rounds = 0``): the frozen base alone, as the evaluated policy (module docstring)."""
     seeds, key = eval_seeds(cfg), eval_key(cfg)
-    trained_block, ev_res = play(cfg, roller, "trained", progress=progress, desc="eval trained")
+    label = FROZEN_LABEL if cfg.frozen else TRAINED_LABEL
+    trained_block, ev_res = play(
+        cfg, roller, label, reference=cfg.frozen, progress=progress, desc=f"eval {label.replace('_', ' ')}"
+    )
     artifacts.save_traces(out / "decisions" / "eval.jsonl", ev_res.traces)
     base_block, base_res = None, None
-    if cfg.eval_base:
+    if cfg.eval_base and not cfg.frozen:
         base_block, base_res = play(
-            cfg, roller, "frozen_base", reference=True, progress=progress, desc="eval frozen base"
+            cfg, roller, FROZEN_LABEL, reference=True, progress=progress, desc="eval frozen base"
         )
         artifacts.save_traces(out / "decisions" / "eval_base.jsonl", base_res.traces)
     record = artifacts.EvalRecord(
@@ -260,6 +280,10 @@ def write_trajectories(env, roller, lib, ev: Evaluation, path: Path) -> Path:
 
 
 __all__ = [
+    "FROZEN_CHECKPOINT",
+    "FROZEN_LABEL",
+    "FROZEN_RULE",
+    "TRAINED_LABEL",
     "CheckpointChoice",
     "Evaluation",
     "choose_adapters",
@@ -270,6 +294,7 @@ __all__ = [
     "eval_stats",
     "eval_trajectories",
     "evaluate",
+    "frozen_choice",
     "play",
     "write_trajectories",
 ]

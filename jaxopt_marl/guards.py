@@ -524,6 +524,8 @@ def guard_mask(
     Returns:
         ``bool[..., I]``: True = shown on the menu.
     """
+    if guards.opt.shape[0] == 0:  # no guards (also a library without read-set features: F = 0)
+        return opt_ids >= 0
     same_opt = opt_ids[..., :, None] == guards.opt  # [..., I, G]
     fidx = jnp.clip(guards.feat, 0, None)  # [G, L]
     got = jnp.take(features, fidx, axis=-1)  # [..., I, G, L]

@@ -218,5 +218,9 @@ class ParseStats:
         return self.failures / self.total if self.total else 0.0
 
     def as_dict(self) -> dict[str, int]:
-        """``{"ok": n, "empty": n, "no_choice": n, ...}`` with every reason present."""
-        return {reason: int(self.counts[reason]) for reason in (OK,) + FAILURE_REASONS}
+        """``{"ok": n, "empty": n, "no_choice": n, ...}`` with every reason of :data:`FAILURE_REASONS` present,
+        then any other reason counted (the compound-JSON interface's, :data:`jaxopt_marl.interfaces.
+        COMPOUND_REASONS` and ``executor:<Reason>``), sorted."""
+        fixed = (OK,) + FAILURE_REASONS
+        extra = sorted(r for r, n in self.counts.items() if r not in fixed and n)
+        return {reason: int(self.counts[reason]) for reason in fixed + tuple(extra)}

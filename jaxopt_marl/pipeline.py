@@ -8,6 +8,12 @@ episodes, seeds disjoint from training) with the adapters of the paper's checkpo
 ``solo.json``: :mod:`jaxopt_marl.solo_test`) -> ``episode.gif`` (:func:`jaxopt_marl.episode_gif.write_eval_gif`)
 -> ``report.md`` (:mod:`jaxopt_marl.report`).
 
+``rounds = 0`` (:attr:`jaxopt_marl.config.RunConfig.frozen`; paper Table 2's frozen cells, :mod:`experiments.table2`)
+trains nothing: burn-in and guards as usual (the menu the frozen base is shown is the trained runs' menu), no
+trainer, no ``metrics.jsonl`` / ``checkpoints/`` / ``best/``, and the evaluation, the solo test and the GIF play the
+frozen base with the adapters off (:mod:`jaxopt_marl.evaluation`); ``report.md`` opens with a note saying so. One
+process only (not with ``dist``). Every other run is unchanged.
+
 An existing run directory is never overwritten: ``resume`` continues it from its last complete checkpoint,
 ``force`` deletes it first -- after every check has passed (a bad input leaves it intact). ``resume`` takes the
 run's original settings: a value that differs from its ``config.json`` fails, naming each key with both values,
@@ -51,6 +57,14 @@ RUN_FILES = (
 )
 
 
+#: The head of a ``rounds = 0`` run's report (paper Table 2's frozen cells; :mod:`jaxopt_marl.evaluation`).
+FROZEN_NOTE = "No training (rounds = 0)"
+FROZEN_DETAIL = (
+    "the evaluated policy (`trained` in `eval.json` and below, labelled `frozen_base`) is the frozen base with the "
+    "adapters off, on the usual evaluation seeds; there is no `metrics.jsonl` and no checkpoint."
+)
+
+
 def write_config(cfg: RunConfig, out: Path) -> Path:
     """``out/config.json``: :meth:`RunConfig.flat_dict` with ``reduced_budget``, ``num_agents``, ``eval_seed0``."""
     path = out / "config.json"
@@ -73,6 +87,8 @@ def write_report(run_dir: Path, cfg: RunConfig) -> Path:
     from jaxopt_marl import report
 
     path = report.write_report(run_dir)
+    if cfg.frozen and FROZEN_NOTE not in path.read_text():
+        path.write_text(f"> **{FROZEN_NOTE}**: {FROZEN_DETAIL}\n\n" + path.read_text())
     if cfg.reduced_budget:
         text = path.read_text()
         if "Reduced budget" not in text:
@@ -94,10 +110,12 @@ def _print_header(cfg: RunConfig, out: Path, resume: bool, ckpt_round: int | Non
         f"lr={mcfg.learning_rate}, KL={mcfg.kl_beta}, clip={mcfg.clip_eps}, epochs={mcfg.epochs}, "
         f"min support={cfg.min_support}"
     )
+    if cfg.frozen:
+        print("  rounds 0: NO TRAINING; the evaluation plays the frozen base (adapters off)")
     print(
         f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
-        f"{' + frozen base' if cfg.eval_base else ''}, adapters: "
-        f"{CHECKPOINT_RULE if cfg.eval_checkpoint == 'best' else 'final (last round)'}"
+        f"{' + frozen base' if cfg.eval_base and not cfg.frozen else ''}, adapters: "
+        f"{'none (frozen base)' if cfg.frozen else CHECKPOINT_RULE if cfg.eval_checkpoint == 'best' else 'final (last round)'}"
         + (f"; solo test on {cfg.solo_episodes} seed(s)" if cfg.solo_episodes else "; no solo test")
     )
     if cfg.reduced_budget:
@@ -212,7 +230,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     )
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
-    from jaxopt_marl import burnin, episode_gif, evaluation, rollout, seeding, solo_test, trainer
+    from jaxopt_marl import burnin, episode_gif, evaluation, interfaces, rollout, seeding, solo_test
     from jaxopt_marl.compiled_rollout import CompiledRoller
     from jaxopt_marl.prompt_ids import PromptIds
 
@@ -226,8 +244,18 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     except (ValueError, OSError) as e:
         raise InputError(f"model {cfg.model or DEFAULT_MODEL_NAME} could not be loaded: {e}") from None
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
-    try:
-        prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps)
+    menu = cfg.interface == interfaces.MENU
+    if cfg.frozen and dist is not None:
+        raise InputError(
+            "rounds 0 (no training: evaluate the frozen base) runs in one process, not under --distributed"
+        )
+    if not menu and dist is not None:
+        raise InputError(
+            f"interface {cfg.interface} plays the host rollout loop; several processes need the compiled rollout "
+            f"(interface menu)"
+        )
+    try:  # the compiled rollout's prompt limits (the menu interface's; the others run the host loop)
+        prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps) if menu else None
     except ValueError as e:
         raise InputError(str(e)) from None
     try:
@@ -262,7 +290,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
         )
         t1 = time.perf_counter()
         guards = burnin.synthesize(lib, res.codes, min_support=cfg.min_support)
-        burnin.write_outputs(
+        summary = burnin.write_outputs(
             lib,
             res,
             guards,
@@ -273,20 +301,89 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
             steps=steps,
             min_support=cfg.min_support,
         )
+        warning = burnin.never_succeeded_warning(summary)
+        if warning:
+            print(warning, file=sys.stderr)
         print(f"burn-in: {res.decisions} decisions in {res.seconds:.1f} s; {len(guards)} guards -> {guard_path}")
         if dist is not None:
             wait("burnin")
     compiled = G.compile_guards(guards, lib.vocab)
+    if not menu:
+        print(f"interface {cfg.interface}: no menu, the guards are not applied (jaxopt_marl.interfaces)")
 
     # 2. Policy and trainer. The compiled rollout (one jitted program per call of K episodes, LLM included) also
-    # plays the evaluation, the frozen base and the solo test, in calls of K.
+    # plays the evaluation, the frozen base and the solo test, in calls of K. The native and compound_json
+    # interfaces (Table 2's ablations) play the host loop (jaxopt_marl.rollout.Roller), the same traces and batch.
     mcfg = cfg.magrpo
     # Several processes: each plays its share of the K rollouts (K / P, checked by the command line) in one call.
     batch = mcfg.num_rollouts // (1 if dist is None else dist.num_processes)
     try:
-        roller = CompiledRoller.for_run(cfg, env, lib, compiled, model, tok, batch=batch, prompt=prompt)
+        if menu:
+            roller = CompiledRoller.for_run(cfg, env, lib, compiled, model, tok, batch=batch, prompt=prompt)
+        else:
+            host_policy = rollout.LLMPolicy(model, tok, cfg.game, cfg.policy_config())
+            roller = rollout.Roller(
+                cfg.game, env, lib, compiled, host_policy, menu_seed=seeding.interface_seed(cfg.seed)
+            )
     except ValueError as e:  # a model whose adapters do not fit the mode: before any compute
         raise InputError(str(e)) from None
+    # 3. Training (none for rounds 0: no trainer, no checkpoints; the evaluation plays the frozen base).
+    # 4. Evaluation on held-out seeds (trained adapters, then the frozen base on the same menus), solo test, GIF.
+    # Several processes: all restore the adapters (collective), process 0 alone plays and writes (run's docstring).
+    if cfg.frozen:
+        ck = evaluation.frozen_choice()
+    else:
+        ck = _train(cfg, out, roller, resume, progress, keep_checkpoints, dist, warn)
+    if not writer:
+        wait("evaluation")
+        print(f"total wall time {time.perf_counter() - t_start:.0f} s (process {dist.process_id}: training only)")
+        return out
+    print(
+        f"eval adapters: {ck.checkpoint_rule}"
+        + (f", round {ck.checkpoint_round}" if ck.checkpoint_round is not None else "")
+        + (f" (training return {ck.checkpoint_train_return:.2f})" if ck.checkpoint_train_return is not None else "")
+    )
+    ev = evaluation.evaluate(cfg, roller, out, ck, progress=progress)
+    solo_test.run_solo_test(cfg, roller, ev, ck, out, progress=progress)
+    episode_gif.write_eval_gif(
+        roller,
+        env,
+        cfg.game,
+        ev.seeds[0],
+        ev.key,
+        ev.trained.traj["actions"][0],
+        ck.checkpoint_round,
+        out / "episode.gif",
+        policy="frozen base (no training, adapters off)" if cfg.frozen else None,
+    )
+    evaluation.write_trajectories(env, roller, roller.lib, ev, out / "eval_traj.npz")
+
+    # 5. Report.
+    write_report(out, cfg)
+    s = ev.record.trained.summary["team_return"]
+    base = ev.record.base
+    print(
+        f"eval {ev.record.trained.policy.replace('_', ' ')}: team return {s['mean']:.2f} ± {s['std']:.2f}"
+        + (
+            f"; frozen base {base.summary['team_return']['mean']:.2f} ± {base.summary['team_return']['std']:.2f}"
+            if base is not None
+            else ""
+        )
+    )
+    print(f"total wall time {time.perf_counter() - t_start:.0f} s")
+    for f in RUN_FILES:
+        if (out / f).exists():
+            print(f"wrote {out / f}" + (" (report: jaxopt_marl.report)" if f == "report.md" else ""))
+    wait("evaluation")
+    return out
+
+
+def _train(cfg: RunConfig, out: Path, roller, resume, progress, keep_checkpoints, dist, warn):
+    """Step 3 of :func:`_run`: the PA-MAGRPO rounds (restored first on ``resume``); returns the
+    :class:`jaxopt_marl.evaluation.CheckpointChoice` of the adapters to evaluate, set on the policy."""
+    from jaxopt_marl import evaluation, trainer
+
+    mcfg = cfg.magrpo
     policy = roller.policy
     tr = trainer.Trainer(
         out,
@@ -308,7 +405,6 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
             raise InputError(str(e)) from None
         print(f"restored {done} completed rounds")
 
-    # 3. Training.
     def show(m):
         print(
             f"round {m['round']}: return {m['train/return_mean']:.2f} ± {m['train/return_std']:.2f} "
@@ -319,49 +415,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
 
     tr.train(progress=progress, on_round=show)
 
-    # 4. Evaluation on held-out seeds (trained adapters, then the frozen base on the same menus), solo test, GIF.
-    # Several processes: all restore the adapters (collective), process 0 alone plays and writes (run's docstring).
-    ck = evaluation.choose_adapters(cfg, tr, policy)
-    if not writer:
-        wait("evaluation")
-        print(f"total wall time {time.perf_counter() - t_start:.0f} s (process {dist.process_id}: training only)")
-        return out
-    print(
-        f"eval adapters: {ck.checkpoint_rule}, round {ck.checkpoint_round}"
-        + (f" (training return {ck.checkpoint_train_return:.2f})" if ck.checkpoint_train_return is not None else "")
-    )
-    ev = evaluation.evaluate(cfg, roller, out, ck, progress=progress)
-    solo_test.run_solo_test(cfg, roller, ev, ck, out, progress=progress)
-    episode_gif.write_eval_gif(
-        roller,
-        env,
-        cfg.game,
-        ev.seeds[0],
-        ev.key,
-        ev.trained.traj["actions"][0],
-        ck.checkpoint_round,
-        out / "episode.gif",
-    )
-    evaluation.write_trajectories(env, roller, lib, ev, out / "eval_traj.npz")
-
-    # 5. Report.
-    write_report(out, cfg)
-    s = ev.record.trained.summary["team_return"]
-    base = ev.record.base
-    print(
-        f"eval trained: team return {s['mean']:.2f} ± {s['std']:.2f}"
-        + (
-            f"; frozen base {base.summary['team_return']['mean']:.2f} ± {base.summary['team_return']['std']:.2f}"
-            if base is not None
-            else ""
-        )
-    )
-    print(f"total wall time {time.perf_counter() - t_start:.0f} s")
-    for f in RUN_FILES:
-        if (out / f).exists():
-            print(f"wrote {out / f}" + (" (report: jaxopt_marl.report)" if f == "report.md" else ""))
-    wait("evaluation")
-    return out
+    return evaluation.choose_adapters(cfg, tr, policy)
 
 
 __all__ = ["RUN_FILES", "run", "write_config", "write_report"]

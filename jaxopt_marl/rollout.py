@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxopt_marl import macro, menus, parsing, prompts
+from jaxopt_marl import interfaces, macro, menus, parsing, prompts
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
 from lora import sampling
 from lora.tokenizer import render_chat, stop_token_ids
@@ -69,10 +69,17 @@ class PolicyConfig:
     shared_adapter: bool = False
     # Run the shared system prompt once per adapter and reuse its KV cache.
     prefix_cache: bool = True
+    # What the LLM is shown and answers (jaxopt_marl.interfaces): the option menu, native actions, compound JSON.
+    interface: str = interfaces.MENU
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"unknown scoring mode {self.mode!r}; known: {', '.join(MODES)}")
+        interfaces.check_interface(self.interface)
+        if self.interface == interfaces.COMPOUND_JSON and self.mode == "choice_only":
+            raise ValueError(
+                "the compound_json interface has no menu letter to score: use mode 'sample', not 'choice_only'"
+            )
         if self.temperature < 0 or self.max_new_tokens < 1:
             raise ValueError(
                 f"temperature must be >= 0 and max_new_tokens >= 1, got {self.temperature}, {self.max_new_tokens}"
@@ -95,6 +102,9 @@ class Decision:
     logp: float
     # choice_only: the menu's letter tokens the response was sampled among (None: whole vocabulary).
     choices: list | None = None
+    # The full rendered chat string the model was given (prompt_ids' text): system and user turns, the
+    # generation prompt and, in choice_only, the response prefix.
+    prompt_text: str = ""
 
 
 def _bucket(n: int, q: int) -> int:
@@ -143,7 +153,7 @@ class LLMPolicy:
     def __init__(self, model, tokenizer, game: str, cfg: PolicyConfig):
         self.model, self.tok, self.game, self.cfg = model, tokenizer, game, cfg
         self.graphdef, self.state = nnx.split(model)
-        self.system = prompts.system_message(game)
+        self.system = interfaces.system_message(game, cfg.interface)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.eos_ids = stop_token_ids(tokenizer)
         # Shared prefix: the rendered system turn (only if the full render starts with it).
@@ -264,6 +274,7 @@ class LLMPolicy:
                         text=f"{fulls[i][1]} {menus.LETTERS[j]}",
                         logp=float(logps[i]),
                         choices=[int(x) for x in self.letter_ids[:n]],
+                        prompt_text=fulls[i][0] + fulls[i][1],
                     )
                 )
             return out
@@ -285,7 +296,13 @@ class LLMPolicy:
             resp = [int(t) for t in toks[i][live[i]]] or [int(toks[i, 0])]
             text = self.tok.decode([t for t in resp if t not in self.eos_ids], skip_special_tokens=True)
             out.append(
-                Decision(prompt_ids=prompt_ids[i], response_ids=resp, text=text, logp=float(lps[i][live[i]].sum()))
+                Decision(
+                    prompt_ids=prompt_ids[i],
+                    response_ids=resp,
+                    text=text,
+                    logp=float(lps[i][live[i]].sum()),
+                    prompt_text=fulls[i][0],
+                )
             )
         return out
 
@@ -431,13 +448,27 @@ class RolloutResult:
 class Roller:
     """Compiled pieces for one (game, library, guards, policy): call :meth:`collect` per round.
 
+    The host loop of the module docstring. It plays every interface of :mod:`jaxopt_marl.interfaces`
+    (``policy.cfg.interface``): ``menu`` (the compiled rollout's reference), ``native`` (the game's primitive
+    actions as a fixed letter menu: ``lib`` is wrapped in :class:`jaxopt_marl.interfaces.NativeLibrary`) and
+    ``compound_json`` (a JSON object naming an option and its target). The last two have no guards: ``guards``
+    is ignored for them.
+
     Args:
         game: game name; env: the environment; lib: its option library; guards: ``CompiledGuards``;
         policy: :class:`LLMPolicy`; menu_seed: run seed mixed into the letter-shuffle keys.
     """
 
     def __init__(self, game: str, env, lib, guards, policy: LLMPolicy, menu_seed: int = 0):
+        from jaxopt_marl import guards as G
+
+        self.interface = interfaces.SPECS[policy.cfg.interface]
+        if self.interface.name == interfaces.NATIVE and not isinstance(lib, interfaces.NativeLibrary):
+            lib = interfaces.NativeLibrary(lib)
+        if self.interface.name != interfaces.MENU:  # no guards (native: nothing to guard; Ablation D: removed)
+            guards = G.compile_guards([], lib.vocab)
         self.game, self.env, self.lib, self.policy = game, env, lib, policy
+        self._replay: dict = {}
         self.steps = int(env.max_steps)
         self.n = lib.num_agents
         self.menu_seed = int(menu_seed)
@@ -465,6 +496,8 @@ class Roller:
         desc: str = "rollouts",
         frames: bool = False,
         active: np.ndarray | None = None,
+        adapters=None,
+        base=None,
     ) -> RolloutResult:
         """Plays ``len(seeds)`` joint episodes (reset key ``PRNGKey(seed)``) to the end.
 
@@ -478,10 +511,31 @@ class Roller:
             active: bool[N] agents the policy plays (default all). An inactive agent is idled, as in the
                 paper's solo test (§6.4): it never asks the LLM and starts the ``wait`` option (or, in a library
                 without one, idles one step) at each of its decision points; its decisions are not traced.
+            adapters: a stacked adapter state to play instead of the policy's current one (restored after), as
+                :meth:`jaxopt_marl.compiled_rollout.CompiledRoller.collect` takes it; ``base`` must be None (the
+                host loop plays the policy's own base model).
 
         Raises:
-            ValueError: ``active`` of the wrong length.
+            ValueError: ``active`` of the wrong length, or a ``base``.
         """
+        if base is not None:
+            raise ValueError("the host rollout plays its policy's own base model: base must be None")
+        if adapters is not None:
+            held = nnx.state(self.policy.model, nnx.LoRAParam)
+            self.policy.set_adapters(adapters)
+            try:
+                return self.collect(
+                    seeds,
+                    key,
+                    round_idx=round_idx,
+                    reference=reference,
+                    progress=progress,
+                    desc=desc,
+                    frames=frames,
+                    active=active,
+                )
+            finally:
+                self.policy.set_adapters(held)
         t_start = time.perf_counter()
         lib, n, k_roll = self.lib, self.n, len(seeds)
         active = np.ones((n,), bool) if active is None else np.asarray(active, bool)
@@ -501,6 +555,7 @@ class Roller:
         ndec = np.zeros((k_roll, n), np.int32)
         mem = [[prompts.Memory() for _ in range(n)] for _ in range(k_roll)]
         pending: dict[tuple[int, int], int] = {}
+        asked: dict[tuple[int, int], int] = {}  # compound_json: this wave's decisions, for executor failures
         traces, decisions = [], []
         stats = parsing.ParseStats()
         force = np.zeros((k_roll,), bool)
@@ -526,6 +581,9 @@ class Roller:
             # 1. Menus and prompts for every deciding agent.
             menu = self.menu_fn(ms.env, self.keys_fn(seeds_arr, jnp.arange(n, dtype=jnp.int32), jnp.asarray(ndec)))
             m_opt, m_tgt, m_let = (np.asarray(x) for x in (menu.inst.opt, menu.inst.target, menu.letters))
+            m_valid = np.asarray(menu.inst.valid)
+            if not self.interface.shuffle:  # native: the actions in the simulator's order; compound: every instance
+                m_let = interfaces.fixed_letters(m_valid)
             snap = self.snapshot(ms.env)
             rows = [(b, a) for b in range(k_roll) for a in range(n) if need[b, a] and active[a]]
             choice = np.full((k_roll, n), -1, np.int32)
@@ -533,12 +591,13 @@ class Roller:
                 waits = np.flatnonzero((m_opt[b, a] == self.wait_id) & (m_let[b, a] >= 0))
                 choice[b, a] = int(waits[0]) if (self.wait_id >= 0 and waits.size) else -1
             users, labels, n_let, menus_txt = [], [], [], []
+            iface = self.interface.name
             for b, a in rows:
                 sb = prompts.take(snap, b)
-                text = menus.render_menu(lib, m_opt[b, a], m_tgt[b, a], m_let[b, a])
-                users.append(prompts.user_message(self.game, sb, a, text, self.steps, mem[b][a], lib))
+                text = menus.render_menu(lib, m_opt[b, a], m_tgt[b, a], m_let[b, a]) if self.interface.letters else ""
+                users.append(interfaces.user_message(iface, self.game, sb, a, text, self.steps, mem[b][a], lib))
                 labels.append(prompts.state_label(self.game, sb, a))
-                n_let.append(int((m_let[b, a] >= 0).sum()))
+                n_let.append(int((m_let[b, a] >= 0).sum()) if self.interface.letters else 0)
                 menus_txt.append(text)
             # 2. One batched LLM call.
             t0 = time.perf_counter()
@@ -551,11 +610,17 @@ class Roller:
             llm_s += time.perf_counter() - t0
             # 3. Parse, choose, trace.
             for (b, a), d, text, n_l, user in zip(rows, outs, menus_txt, n_let, users):
-                res = parsing.parse_response(d.text, menus.LETTERS[:n_l])
-                stats.add(res)
                 inst = -1
-                if res.ok:
-                    inst = menus.parse_choice(m_let[b, a], res.letter)
+                if self.interface.letters:
+                    res = parsing.parse_response(d.text, menus.LETTERS[:n_l])
+                    if res.ok:
+                        inst = menus.parse_choice(m_let[b, a], res.letter)
+                else:
+                    res, inst = interfaces.resolve_compound(
+                        interfaces.parse_compound(d.text, lib), lib, m_opt[b, a], m_tgt[b, a], m_valid[b, a]
+                    )
+                    asked[(b, a)] = len(traces)
+                stats.add(res)
                 if inst < 0 and self.wait_id >= 0:
                     waits = np.flatnonzero((m_opt[b, a] == self.wait_id) & (m_let[b, a] >= 0))
                     inst = int(waits[0]) if waits.size else -1
@@ -572,6 +637,7 @@ class Roller:
                         seed=int(seeds[b]),
                         step=int(snap["step"][b]),
                         aid=int(a),
+                        interface=iface,
                         prompt=user,
                         menu=text.split("\n")[1:],
                         response=d.text,
@@ -584,11 +650,26 @@ class Roller:
                         outcome="idle" if inst < 0 else "running",
                         logp=d.logp,
                         reference=bool(reference),
+                        n_letters=n_l,
+                        prompt_text=d.prompt_text,
+                        prompt_ids=list(d.prompt_ids),
+                        response_ids=list(d.response_ids),
+                        **(
+                            {}
+                            if self.interface.letters
+                            else {
+                                "action": res.action,
+                                "action_target": None if res.target is None else list(res.target),
+                            }
+                        ),
                     )
                 )
                 decisions.append((b, a, d))
                 ndec[b, a] += 1
             ms, rec_fail = self.begin(ms, jnp.asarray(choice))
+            if asked:  # compound_json: an executor that refused to start makes the parsed object a counted no-op
+                self._executor_failures(rec_fail, asked, traces, stats)
+                asked.clear()
             self._outcomes(rec_fail, pending, traces)
             # Agents left without an option (parse failure, no wait option) idle for one step.
             force = ((choice < 0) & need).any(axis=1)
@@ -612,6 +693,29 @@ class Roller:
             waves=it,
         )
 
+    def _executor_failures(self, rec, asked: dict, traces: list, stats: parsing.ParseStats) -> None:
+        """compound_json: a valid object whose executor failed at start is re-counted as the no-op
+        ``executor:<Reason>`` (in the parse counts and its trace's ``parse``); its outcome stays the explicit one."""
+        valid = np.asarray(rec.valid)
+        outcome = np.asarray(rec.outcome)
+        for b, a in zip(*np.nonzero(valid)):
+            idx = asked.get((int(b), int(a)))
+            if idx is None or traces[idx]["parse"] != parsing.OK:
+                continue
+            reason = interfaces.EXECUTOR_PREFIX + self.lib.reasons[int(outcome[b, a]) - OUTCOME_EXPLICIT_BASE]
+            stats.counts[parsing.OK] -= 1
+            stats.counts[reason] += 1
+            traces[idx]["parse"], traces[idx]["parse_fail"] = reason, True
+
+    def replay_frames(self, seed: int, key, actions: np.ndarray) -> np.ndarray:
+        """``uint8[T, H, W, 3]``: the episode of ``seed`` re-played from its recorded primitive actions, rendered
+        after every step (:func:`replay_view`)."""
+        return self.replay_view(seed, key, actions, self.env.render, "frames")
+
+    def replay_view(self, seed: int, key, actions: np.ndarray, view, name: str):
+        """:func:`replay_view` of this roller's env (compiled once per ``name``)."""
+        return replay_view(self.env, self._replay, seed, key, actions, view, name)
+
     def _outcomes(self, rec, pending: dict, traces: list) -> None:
         """Writes finished options' outcomes into their decisions' traces."""
         valid = np.asarray(rec.valid)
@@ -632,6 +736,31 @@ class Roller:
             )
 
 
+def replay_view(env, cache: dict, seed: int, key, actions: np.ndarray, view, name: str):
+    """``view(state)`` after every step of the episode of ``seed`` re-played from its recorded primitive actions
+    (int32[T, N]) with the same env keys (:func:`episode_keys`), stacked on a leading T axis (after the episode's
+    end: the last state's). ``view`` is a JAX function of the env state returning an array or a pytree of arrays
+    (e.g. ``env.render`` or ``lambda s: s.apples``), returned as NumPy arrays; ``cache`` (view name -> jitted
+    program) keeps one compiled program per ``name``. Exactly the played episode, not a fresh sample."""
+    if name not in cache:
+
+        def replay(seed, key, actions):
+            env_key = episode_keys(key, seed[None])[0][0]
+            _, state = env.reset(jax.random.PRNGKey(seed))
+
+            def step(s, a):
+                acts = {ag: a[i] for i, ag in enumerate(env.agents)}
+                _, nxt, _, _, _ = env.step_env(jax.random.fold_in(env_key, s.step), s, acts)
+                nxt = jax.tree.map(lambda x, y: jnp.where(s.done, x, y), s, nxt)
+                return nxt, view(nxt)
+
+            _, out = jax.lax.scan(step, state, actions)
+            return out
+
+        cache[name] = jax.jit(replay)
+    return jax.tree.map(np.asarray, cache[name](jnp.int32(seed), key, jnp.asarray(actions, jnp.int32)))
+
+
 __all__ = [
     "Decision",
     "LLMPolicy",
@@ -641,6 +770,7 @@ __all__ = [
     "RolloutResult",
     "empty_traj",
     "make_traj_recorder",
+    "replay_view",
 ]
 
 

@@ -22,8 +22,9 @@ FULL_TEAM_SOURCE = "eval.json trained episodes on the same seeds"
 def run_solo_test(
     cfg: RunConfig, roller, ev: Evaluation, ck: CheckpointChoice, out: Path, progress: bool = True
 ) -> audit.SoloResult | None:
-    """Plays the solo test of ``cfg`` (none when ``cfg.solo_episodes`` is 0) with the policy's current adapters,
-    writes ``out/solo.json`` and prints one line; returns the :class:`jaxopt_marl.audit.SoloResult`."""
+    """Plays the solo test of ``cfg`` (none when ``cfg.solo_episodes`` is 0) with the policy's current adapters
+    (``cfg.frozen``: the frozen base, adapters off, the policy its evaluation played), writes ``out/solo.json``
+    and prints one line; returns the :class:`jaxopt_marl.audit.SoloResult`."""
     if cfg.solo_episodes <= 0:
         return None
     n_agents = cfg.num_agents
@@ -38,6 +39,7 @@ def run_solo_test(
             progress=progress,
             desc=f"solo agent {int(np.argmax(active))}",
             active=active,
+            reference=cfg.frozen,
         )
         if games.info(cfg.game).shared_reward:  # a delivery rewards every agent: own ones from the decisions
             own = np.stack(

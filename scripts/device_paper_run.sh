@@ -5,6 +5,11 @@
 #   bash scripts/device_paper_run.sh [--stage1] GAME [ROUNDS]
 #     GAME    cleanup | harvest | overcooked_aa | overcooked_fc
 #     ROUNDS  --rounds ROUNDS (default: the paper preset's 100, more than one 10-minute call can hold)
+#   env TABLE2=1                  run the paper's Table 2 grid instead (issue #15: `python -m experiments.table2
+#                                 --game GAME`, the six ablation cells, each its own run directory, cell by cell
+#                                 over as many calls as it takes: a cut grid resumes with --resume, finished cells
+#                                 are skipped); dir runs/device-<GAME>-table2-<MODE>-s<SEED>; back come
+#                                 table2.json, table2.md and run.tar.gz with every cell's small files
 #   env MODE=sample|choice_only   scoring (default sample, the paper's; choice_only is a decoding constraint the
 #                                 paper does not use); the run directory is named by it:
 #                                 runs/device-<GAME>-<MODE>-s<SEED>
@@ -91,6 +96,12 @@ if [ -n "$ROUNDS" ] && ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]]; then
     fail "$STATUS_STAGING" "ROUNDS must be a positive integer, got '$ROUNDS'"
 fi
 RUN_DIR=runs/device-$GAME-$MODE-s$SEED
+TABLE2=${TABLE2:-0}
+if [ "$TABLE2" = 1 ]; then
+    RUN_DIR=runs/device-$GAME-table2-$MODE-s$SEED
+    MODULE=experiments.table2
+    LAYOUT=(--game "$GAME")
+fi
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 say "== device_paper_run: game=$GAME mode=$MODE seed=$SEED rounds=${ROUNDS:-preset} stage1=$STAGE1 dir=$RUN_DIR"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
@@ -196,6 +207,16 @@ fi
 SMALL=(config.json metrics.jsonl eval.json solo.json report.md)
 KEEP=("${SMALL[@]}" guards.jsonl burnin/burnin.json figures)
 DROP=(episode.gif decisions/eval.jsonl decisions/eval_base.jsonl)
+if [ "$TABLE2" = 1 ]; then  # the grid's summary loose; each cell's small files in the archive
+    SMALL=(table2.json table2.md)
+    KEEP=("${SMALL[@]}")
+    for cell in $(cd "$RUN_DIR" 2> /dev/null && ls -d */ 2> /dev/null | tr -d /); do
+        for f in config.json metrics.jsonl eval.json report.md guards.jsonl burnin/burnin.json figures; do
+            KEEP+=("$cell/$f")
+        done
+    done
+    DROP=()
+fi
 for f in "${SMALL[@]}"; do [ -f "$RUN_DIR/$f" ] && cp "$RUN_DIR/$f" "$OUT/"; done
 for n in $(seq "${#DROP[@]}" -1 0); do
     have=()

@@ -224,7 +224,7 @@ def test_truncated_safetensors_in_a_model_dir(tmp_path, capfd):
         (["--seed", "x"], f"error: argument --seed: invalid int value: 'x' (see {PROG} --help)"),
         (["--rounds", "two"], "error: argument --rounds: invalid int value: 'two'"),
         (["--bogus", "1"], "error: unrecognized arguments: --bogus 1"),
-        (["--rounds", "0"], "error: rounds must be >= 1, got 0"),
+        (["--rounds", "-1"], "error: rounds must be >= 0 (0: evaluate the frozen base only), got -1"),
         (["--rollouts", "0"], "error: num_rollouts must be >= 1, got 0"),
         (["--episode-steps", "-3"], "error: episode_steps must be >= 1, got -3"),
         (["--eval-episodes", "0"], "error: eval_episodes must be >= 1, got 0"),
@@ -254,10 +254,10 @@ def test_out_that_is_a_file(tmp_path, capfd):
 def test_debug_adds_the_traceback(tmp_path, capfd):
     capfd.readouterr()
     with pytest.raises(SystemExit) as e:
-        common.cli("cleanup", PROG, ["--preset", "smoke", "--rounds", "0", "--out", str(tmp_path / "x"), "--debug"])
+        common.cli("cleanup", PROG, ["--preset", "smoke", "--rounds", "-1", "--out", str(tmp_path / "x"), "--debug"])
     err = capfd.readouterr().err.splitlines()
     assert e.value.code == 2 and err[0] == "Traceback (most recent call last):"
-    assert err[-1] == "error: rounds must be >= 1, got 0" and len(err) > 3
+    assert err[-1] == "error: rounds must be >= 0 (0: evaluate the frozen base only), got -1" and len(err) > 3
 
 
 def _resume_dir(tmp_path, guards_text: str, burnin: dict | None = None) -> Path:
@@ -371,7 +371,7 @@ def test_burnin_bad_input(tmp_path, capfd):
 def test_bench_bad_input(tmp_path, capfd):
     model = _truncated(_write_tiny_gguf(tmp_path / "ok.gguf"), tmp_path / "cut.gguf", 300)
     for argv, message in (
-        (["nope"], "error: unknown benchmark 'nope'; valid: envs, llm, train, rollout"),
+        (["nope"], "error: unknown benchmark 'nope'; valid: envs, llm, train, rollout, table2"),
         (["envs", "--games", "chess"], "error: --games: unknown game 'chess'"),
         (["envs", "--n-envs", "1", "0"], "error: --n-envs must be >= 1, got 0"),
         (["llm", "--batch", "x"], "error: argument --batch: invalid int value: 'x'"),

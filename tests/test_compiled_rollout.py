@@ -314,6 +314,11 @@ def test_host_loop_parity(cu_padded):
             "option",
             "target",
             "outcome",
+            "interface",
+            "n_letters",
+            "prompt_text",
+            "prompt_ids",
+            "response_ids",
         ):
             assert x[f] == y[f], (f, x[f], y[f])
         assert x["prompt_ids"] == b.decisions[b.traces.index(y)][2].prompt_ids

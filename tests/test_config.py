@@ -28,7 +28,7 @@ PROG = "python -m experiments.overcooked"
         ("epochs", 0),
         ("clip_eps", 1.5),
         ("min_support", 0),
-        ("rounds", 0),
+        ("rounds", -1),  # 0 is a frozen-base evaluation (RunConfig.frozen)
         ("episode_steps", -3),
         ("eval_episodes", 0),
         ("burnin_episodes", 0),
