@@ -14,6 +14,9 @@ SEEDS_DIR = BACKGROUND.base / "seeds" / "out"
 #: ``experiments.seeds``'s flags (without ``--out``).
 SEEDS_ARGS = ["--game", "overcooked_aa", "--seeds", "2", "--preset", "smoke", "--model", "tiny-random"]
 SEEDS_ARGS += ["--rounds", "1", "--eval-episodes", "2", "--solo-episodes", "1"]
+# One library for both seeds (not each seed's draw): their programs then have one shape and compile once, which
+# halves the job; the draw per seed is tests/test_seeds.py::test_library_registry_and_draw's.
+SEEDS_ARGS += ["--library", "canonical"]
 SEEDS_DIR.parent.mkdir(parents=True, exist_ok=True)
 BACKGROUND.register("seeds", ["-m", "tests.seeds_job", str(SEEDS_DIR)])
 

