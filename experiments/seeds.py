@@ -30,7 +30,7 @@ JAX is not joined into one distributed runtime, so each process computes on its 
 stay its own), deletes its ``OUT/processes/p<p>.json`` before it starts and writes it when its share is done (or failed), and
 process 0 waits for every process's file of this launch (a barrier on the shared ``OUT``, which must be one file
 system for all processes, up to :data:`jaxopt_marl.distributed.LONG_WAIT` seconds; a file left by an earlier
-launch does not count: :func:`_barrier`) before it writes the summary, then deletes the files. An N that does not divide over
+launch does not count: :func:`experiments.split.barrier`) before it writes the summary, then deletes the files. An N that does not divide over
 P is refused before any compute, naming both (the coordinator address is accepted but not used).
 
 Bad input (unknown game, preset or library, ``--seeds`` < 1, an existing seed directory without ``--resume``, an
@@ -47,14 +47,13 @@ import sys
 import time
 from pathlib import Path
 
+from experiments import split
 from experiments.cli import InputError, positive, run_cli
 from experiments.common import build_parser, config_from_args, default_preset
 from jaxopt_marl.config import GAMES, PRESETS, RunConfig
 
 #: Files of the summary.
 SUMMARY_JSON, SUMMARY_MD = "seeds.json", "seeds.md"
-#: Sub-directory of the per-process completion files (the ``--distributed`` barrier).
-PROCESS_DIR = "processes"
 
 
 def seed_dir(out: Path, seed: int) -> Path:
@@ -78,8 +77,8 @@ def build_seeds_parser(prog: str = "python -m experiments.seeds") -> argparse.Ar
         "--distributed": "split the seeds over P processes (each runs N/P whole seeds on its own devices; no "
         "jax.distributed runtime is joined): process 0 waits for every process's completion file in "
         "OUT/processes/ and writes the summary; needs --num-processes and --process-id (or their variables)",
-        "--coordinator": "accepted for the shared flags, not used (no coordinator: the processes meet through "
-        "OUT/processes/)",
+        "--coordinator": "accepted for the shared flags, optional, not used (no coordinator: the processes meet "
+        "through OUT/processes/)",
         "--num-processes": "processes the seeds split over (implies --distributed); must divide --seeds",
         "--process-id": "this process, 0..P-1: it runs the P-th share of the seeds (implies --distributed)",
         "--distributed-timeout": "seconds within which the processes of one launch start (a completion file of a "
@@ -94,19 +93,12 @@ def build_seeds_parser(prog: str = "python -m experiments.seeds") -> argparse.Ar
 
 
 def share(seeds: list[int], num_processes: int, process_id: int) -> list[int]:
-    """Process ``process_id``'s contiguous share of ``seeds`` (``len(seeds) / num_processes`` of them).
+    """Process ``process_id``'s contiguous share of ``seeds`` (:func:`experiments.split.share`).
 
     Raises:
         ValueError: ``len(seeds)`` does not divide over ``num_processes`` (both named).
     """
-    n = len(seeds)
-    if num_processes < 1 or n % num_processes:
-        raise ValueError(
-            f"--seeds {n} does not split over {num_processes} processes: each process runs whole seeds, so the "
-            f"seed count must be a multiple of the process count (e.g. --seeds {num_processes * max(1, -(-n // num_processes))})"
-        )
-    per = n // num_processes
-    return seeds[process_id * per : (process_id + 1) * per]
+    return split.share(seeds, num_processes, process_id, what="--seeds")
 
 
 def finished(run_dir: Path, cfg: RunConfig) -> bool:
@@ -327,78 +319,11 @@ def summarize(out: Path, seeds: list[int], this_call: list[int] | None = None, l
     return summary
 
 
-def _process_file(out: Path, p: int) -> Path:
-    return Path(out) / PROCESS_DIR / f"p{p}.json"
-
-
 def launch_fingerprint(seeds: list[int], num_processes: int, cfg: RunConfig) -> str:
-    """The hash every process of one launch computes alike: the seed list, the process count and the run
-    configuration without its per-seed fields (:data:`PER_SEED_KEYS`); a completion file of other settings is not
-    this launch's."""
-    import hashlib
-
-    blob = json.dumps(
-        {"seeds": list(seeds), "num_processes": num_processes, "config": _launch_view(cfg.flat_dict())}, sort_keys=True
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _clear(out: Path, p: int) -> None:
-    """Deletes process ``p``'s completion file (each process does so before it runs its seeds)."""
-    _process_file(out, p).unlink(missing_ok=True)
-
-
-def _mark(
-    out: Path, p: int, seeds: list[int], error: str | None, fingerprint: str = "", started: float | None = None
-) -> None:
-    f = _process_file(out, p)
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(".tmp")
-    rec = {"process": p, "seeds": seeds, "ok": error is None, "error": error, "fingerprint": fingerprint}
-    rec["started"] = time.time() if started is None else started
-    tmp.write_text(json.dumps(rec) + "\n")
-    tmp.replace(f)
-
-
-def _current(out: Path, p: int, fingerprint: str, since: float) -> dict | None:
-    """Process ``p``'s completion record if it belongs to this launch (its fingerprint equal and the process
-    started at ``since`` or later), else None (missing, unreadable, or stale)."""
-    try:
-        d = json.loads(_process_file(out, p).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(d, dict) or d.get("fingerprint") != fingerprint:
-        return None
-    if not isinstance(d.get("started"), (int, float)) or d["started"] < since:
-        return None
-    return d
-
-
-def _barrier(out: Path, num_processes: int, timeout: float, fingerprint: str = "", since: float = 0.0) -> None:
-    """Process 0 waits until every process's completion file of this launch exists; a failed process stops it
-    (named).
-
-    A file counts only if it belongs to this launch: it records the launch's :func:`launch_fingerprint` and its
-    process's start time (``time.time()`` when that process began) is ``since`` or later, ``since`` being process
-    0's own start minus the start-up window (``--distributed-timeout``: the processes of one launch start within
-    it of each other, as jax.distributed assumes). A file left by an earlier launch (other settings, or started
-    before that window) is ignored, and every process deletes its own file before it runs its seeds, so a stale
-    ``"ok": false`` cannot stop this launch either. Process 0 deletes the files once the summary is written."""
-    t0 = time.monotonic()
-    while True:
-        recs = {p: _current(out, p, fingerprint, since) for p in range(num_processes)}
-        missing = [p for p, d in recs.items() if d is None]
-        if not missing:
-            break
-        if time.monotonic() - t0 > timeout:
-            raise RuntimeError(
-                f"experiments.seeds: processes {missing} did not finish within {timeout:.0f} s (no completion file "
-                f"of this launch in {Path(out) / PROCESS_DIR})"
-            )
-        time.sleep(2.0)
-    for p, d in recs.items():
-        if not d["ok"]:
-            raise RuntimeError(f"experiments.seeds: process {p} (seeds {d['seeds']}) failed: {d['error']}")
+    """The hash every process of one launch computes alike (:func:`experiments.split.fingerprint`): the seed list,
+    the process count and the run configuration without its per-seed fields (:data:`PER_SEED_KEYS`); a completion
+    file of other settings is not this launch's."""
+    return split.fingerprint(seeds, num_processes, _launch_view(cfg.flat_dict()))
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -412,22 +337,8 @@ def main(argv: list[str] | None = None) -> Path:
     positive("--seeds", args.seeds)
     if args.resume and args.force:
         raise InputError("--resume and --force exclude each other")
-    from jaxopt_marl import distributed
-
-    try:
-        settings = distributed.requested(args)  # checked before JAX starts
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    num, pid, settings = split.settings_of(args, "experiments.seeds", "seeds")  # checked before JAX starts
     seeds = list(range(args.seed, args.seed + args.seeds))
-    num, pid = 1, 0
-    if settings is not None:
-        if settings.auto:
-            raise InputError(
-                "experiments.seeds --distributed needs the process count and id (--num-processes / "
-                f"{distributed.ENV_NUM_PROCESSES[0]}, --process-id / {distributed.ENV_PROCESS_ID[0]}): its "
-                "independent runs do not join jax.distributed, so the cluster's own discovery is not used"
-            )
-        num, pid = settings.num_processes, settings.process_id
     try:
         mine = share(seeds, num, pid)
     except ValueError as e:
@@ -438,19 +349,19 @@ def main(argv: list[str] | None = None) -> Path:
     for s in mine:
         args.seed = s
         cfgs[s] = config_from_args(args.game, args, run_dir=seed_dir(out, s))  # --resume: keeps the drawn library
-    todo = plan(out, cfgs, args.resume, args.force)
     started = time.time()
     fingerprint = launch_fingerprint(seeds, num, cfgs[mine[0]])
     if num > 1:
-        _clear(out, pid)  # a stale file of an earlier launch must not satisfy process 0's barrier
-    print(
-        f"experiments.seeds {args.game}: seeds {seeds[0]}..{seeds[-1]} -> {out}"
-        + (f" (process {pid} of {num}: seeds {mine})" if num > 1 else "")
-    )
-    from jaxopt_marl.pipeline import run
-
+        split.clear(out, pid)  # a stale file of an earlier launch must not satisfy process 0's barrier
     error = None
     try:
+        todo = plan(out, cfgs, args.resume, args.force)  # a refusal is this process's failure, marked
+        print(
+            f"experiments.seeds {args.game}: seeds {seeds[0]}..{seeds[-1]} -> {out}"
+            + (f" (process {pid} of {num}: seeds {mine})" if num > 1 else "")
+        )
+        from jaxopt_marl.pipeline import run
+
         for s in mine:
             d = seed_dir(out, s)
             print(f"== seed {s} ({cfgs[s].library} library): {todo[s]} -> {d}", flush=True)
@@ -468,16 +379,20 @@ def main(argv: list[str] | None = None) -> Path:
         raise
     finally:
         if num > 1:
-            _mark(out, pid, mine, error, fingerprint, started)
+            split.mark(out, pid, mine, error, fingerprint, started)
     if pid != 0:
         return out
     if num > 1:
-        _barrier(out, num, distributed.LONG_WAIT, fingerprint, started - settings.timeout)
+        from jaxopt_marl.distributed import LONG_WAIT
+
+        split.barrier(
+            out, num, LONG_WAIT, fingerprint, started - settings.timeout, tool="experiments.seeds", what="seeds"
+        )
     every, left_out = covered(out, cfgs[mine[0]], seeds)
     s = summarize(out, every, seeds, left_out)
     if num > 1:
         for p in range(num):
-            _clear(out, p)
+            split.clear(out, p)
     t = s["across_seeds"]["trained"]
     print(
         f"across {len(every)} seeds ({', '.join(map(str, every))}): trained {_pm(t)} {s['units']}"

@@ -70,6 +70,12 @@ of other settings is refused before any compute, naming every differing ``config
 ``--resume`` (or ``--force``) an existing ``OUT/<cell>/`` is refused before any compute. ``--out`` defaults to
 ``runs/<game>-<preset>-table2``.
 
+``--distributed`` (issue #17; the flags and variables of :mod:`jaxopt_marl.distributed`): the cells split over
+the P processes, process p running cells ``p, p + P, ...`` of the list (interleaved, so that the cheap frozen
+cells, listed first, spread over the processes), each as an independent run on its own devices; they meet through
+``OUT/processes/`` (:mod:`experiments.split`) and process 0 writes the table once every process's share is done.
+A cell count that P does not divide is refused before any compute, naming both.
+
 Bad input (unknown game, preset or cell, which lists the valid cells; ``--interface``; a cell configuration that
 does not validate, named with its cell; an existing cell directory without ``--resume``; a ``--resume`` of other
 settings; any check of :mod:`experiments.common` / :func:`jaxopt_marl.pipeline.run`) is one line ``error: ...``
@@ -89,6 +95,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import split
 from experiments.cli import InputError, run_cli
 from experiments.common import build_parser, config_from_args, default_preset
 from experiments.seeds import finished, plan_runs
@@ -96,6 +103,8 @@ from jaxopt_marl.config import GAMES, PRESETS, RunConfig
 
 #: Files of the summary.
 SUMMARY_JSON, SUMMARY_MD = "table2.json", "table2.md"
+#: The tool's name in messages.
+TOOL = "experiments.table2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +181,13 @@ def build_table2_parser(prog: str = "python -m experiments.table2") -> argparse.
         "--interface": "not for the grid: each cell sets its own interface",
         "--no-eval-base": "accepted, no effect: every cell runs without a separate base evaluation (the frozen "
         "cells are the frozen base's evaluations)",
+        "--distributed": "split the cells over P processes (each runs whole cells on its own devices, every P-th "
+        "cell from its id; no jax.distributed runtime is joined): process 0 waits for every process's completion "
+        "file in OUT/processes/ and writes the table; needs --num-processes and --process-id (or their variables)",
+        "--coordinator": "accepted for the shared flags, optional, not used (no coordinator: the processes meet "
+        "through OUT/processes/)",
+        "--num-processes": "processes the cells split over (implies --distributed); must divide the cell count",
+        "--process-id": "this process, 0..P-1: it runs cells p, p + P, ... of the list (implies --distributed)",
     }
     for flag, text in helps.items():
         ap._option_string_actions[flag].help = text
@@ -688,7 +704,12 @@ def run_grid(argv: list[str] | None = None) -> tuple[Path, dict[str, float]]:
         raise InputError("--interface: the grid sets each cell's interface (see --cells); drop the flag")
     if args.resume and args.force:
         raise InputError("--resume and --force exclude each other")
-    mine = parse_cells(args.cells)
+    cells = parse_cells(args.cells)
+    num, pid, settings = split.settings_of(args, TOOL, "cells")  # checked before JAX starts
+    try:
+        mine = split.share(cells, num, pid, what="--cells", interleave=True)
+    except ValueError as e:
+        raise InputError(f"--distributed: {e}") from None
     preset = args.preset or default_preset()
     out = Path(args.out or f"runs/{args.game}-{preset}-table2")
     from jaxopt_marl import preflight
@@ -696,20 +717,44 @@ def run_grid(argv: list[str] | None = None) -> tuple[Path, dict[str, float]]:
     preflight.check_out_dir(out)
     cfgs = {c.name: cell_config(c, args.game, args, cell_dir(out, c.name)) for c in CELLS}
     runs = {c: (f"cell {c}", cell_dir(out, c), cfgs[c]) for c in mine}
-    todo = plan_runs(runs, args.resume, args.force, "cell")
-    print(f"experiments.table2 {args.game}: cells {', '.join(mine)} -> {out}")
-    from jaxopt_marl.pipeline import run
+    started = time.time()
+    fingerprint = launch_fingerprint(cells, num, cfgs)
+    if num > 1:
+        split.clear(out, pid)  # a stale file of an earlier launch must not satisfy process 0's barrier
+    seconds, error = {}, None
+    try:
+        todo = plan_runs(runs, args.resume, args.force, "cell")  # a refusal is this process's failure, marked
+        print(
+            f"experiments.table2 {args.game}: cells {', '.join(cells)} -> {out}"
+            + (f" (process {pid} of {num}: cells {', '.join(mine)})" if num > 1 else "")
+        )
+        from jaxopt_marl.pipeline import run
 
-    seconds = {}
-    for c in mine:
-        d = cell_dir(out, c)
-        print(f"== cell {c} ({BY_NAME[c].row}): {todo[c]} -> {d}", flush=True)
-        if todo[c] == "skip":
-            continue
-        t0 = time.perf_counter()
-        run(cfgs[c], d, resume=todo[c] == "resume", force=todo[c] == "force", keep_checkpoints=args.keep_checkpoints)
-        seconds[c] = time.perf_counter() - t0
-        print(f"cell {c}: {seconds[c]:.0f} s", flush=True)
+        for c in mine:
+            d = cell_dir(out, c)
+            print(f"== cell {c} ({BY_NAME[c].row}): {todo[c]} -> {d}", flush=True)
+            if todo[c] == "skip":
+                continue
+            t0 = time.perf_counter()
+            run(
+                cfgs[c], d, resume=todo[c] == "resume", force=todo[c] == "force", keep_checkpoints=args.keep_checkpoints
+            )
+            seconds[c] = time.perf_counter() - t0
+            print(f"cell {c}: {seconds[c]:.0f} s", flush=True)
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        if num > 1:
+            split.mark(out, pid, mine, error, fingerprint, started)
+    if pid != 0:
+        return out, seconds
+    if num > 1:
+        from jaxopt_marl.distributed import LONG_WAIT
+
+        split.barrier(out, num, LONG_WAIT, fingerprint, started - settings.timeout, tool=TOOL, what="cells")
+        for p in range(num):
+            split.clear(out, p)
     s = summarize(out, args.game, cfgs)
     for name, r in s["cells"].items():
         t = r["team_return"]
@@ -718,6 +763,12 @@ def run_grid(argv: list[str] | None = None) -> tuple[Path, dict[str, float]]:
         print(f"missing: {', '.join(s['missing'])}")
     print(f"wrote {out / SUMMARY_JSON}\nwrote {out / SUMMARY_MD}")
     return out, seconds
+
+
+def launch_fingerprint(cells: list[str], num_processes: int, cfgs: dict[str, RunConfig]) -> str:
+    """The hash every process of one grid launch computes alike (:func:`experiments.split.fingerprint`): the cells,
+    the process count and every cell's ``config.json`` content."""
+    return split.fingerprint(cells, num_processes, json.loads(json.dumps({c: g.flat_dict() for c, g in cfgs.items()})))
 
 
 def cli(argv: list[str] | None = None) -> Path:
@@ -736,6 +787,7 @@ __all__ = [
     "cell_dir",
     "cli",
     "config_differences",
+    "launch_fingerprint",
     "main",
     "parse_cells",
     "patterns",

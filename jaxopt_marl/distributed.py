@@ -390,9 +390,11 @@ def check_timeout(value) -> int:
     return int(value)
 
 
-def requested(args) -> Settings | None:
+def requested(args, coordinator: bool = True) -> Settings | None:
     """The multi-process settings of the flags of :func:`add_arguments` and the environment, checked before JAX
     starts (None: not distributed: no ``--distributed``, no setting flag and none of the variables).
+    ``coordinator=False``: the processes join no ``jax.distributed`` runtime (independent runs meeting through
+    files, :mod:`experiments.split`), so only the process count and id are needed; an address given is checked.
 
     Each setting is its flag, else the first of its variables (:data:`ENV_COORDINATOR`, :data:`ENV_NUM_PROCESSES`,
     :data:`ENV_PROCESS_ID`). With none of the three, the run is left to the cluster's own discovery if a
@@ -422,9 +424,11 @@ def requested(args) -> Settings | None:
         if got["process_id"] not in (None, 0, "0"):
             raise ValueError(f"--distributed: process id {got['process_id']} is outside 0..0")
         return Settings(None, 1, 0, timeout)  # one process over all its devices: no coordinator needed
-    missing = [k for k, v in got.items() if v is None]
+    missing = [k for k, v in got.items() if v is None and (coordinator or k != "coordinator")]
     if missing:
         what = "; ".join(f"--{k.replace('_', '-')} or {' / '.join(names[k])}" for k in missing)
+        if not coordinator:
+            raise ValueError(f"--distributed: {', '.join(missing)} not set ({what}); give the process count and id")
         raise ValueError(
             f"--distributed: {', '.join(missing)} not set ({what}); give all three, or run under a cluster "
             f"manager that sets its own (one of {', '.join(CLUSTER_MARKERS)}), or --coordinator auto"
@@ -440,9 +444,9 @@ def requested(args) -> Settings | None:
         raise ValueError(f"--distributed: the process count must be >= 1, got {num}")
     if not 0 <= pid < num:
         raise ValueError(f"--distributed: process id {pid} is outside 0..{num - 1}")
-    if ":" not in str(got["coordinator"]):
+    if got["coordinator"] is not None and ":" not in str(got["coordinator"]):
         raise ValueError(f"--distributed: the coordinator address needs a port (host:port), got {got['coordinator']!r}")
-    return Settings(str(got["coordinator"]), num, pid, timeout)
+    return Settings(None if got["coordinator"] is None else str(got["coordinator"]), num, pid, timeout)
 
 
 def from_settings(settings: Settings | None) -> Context | None:

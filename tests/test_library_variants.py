@@ -4,6 +4,8 @@ acting agent's private transition (the repaired defects 1-2), and each passes it
 (every adopted guard covers >= 5 failures and no success, over its own read set)."""
 
 import functools
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,8 @@ GAMES = ("cleanup", "harvest", "overcooked_aa", "overcooked_fc")
 VARIANTS = [(g, v) for g in GAMES for v in options.library_names(g)]
 #: Random-option episodes whose states the effect tests read, and their length (env steps).
 EPISODES, STEPS = 3, 80
+#: The shipped guards and burn-in summary of every variant.
+LIBRARY_DOCS = Path(__file__).resolve().parents[1] / "docs" / "libraries"
 
 
 @functools.cache
@@ -64,9 +68,11 @@ def test_apply_variant_errors_name_the_bad_value():
 
 
 @functools.cache
-def _states(game, library, **config):
-    """Env states of random-option episodes (``macro.uniform_policy``): [EPISODES * STEPS]."""
-    env, lib = _lib(game, library, **config)
+def _states(game):
+    """Env states of random-option episodes of the canonical library (``macro.uniform_policy``): [EPISODES *
+    STEPS]. Every variant's effects are checked on these same states (a state is a state of the game whichever
+    draft played it), so each game compiles one episode scan, not one per variant."""
+    env, lib = _lib(game, options.CANONICAL)
     step = macro.make_macro_step(lib, env)
 
     def episode(key):
@@ -88,7 +94,7 @@ def _violations(game, library, **config):
       the other repair of defect 2 -- their guards are mined from solo episodes only -- and are not counted.
     """
     env, lib = _lib(game, library, **config)
-    states = _states(game, library, **config)
+    states = _states(game)
     n, idle = lib.num_agents, lib.idle_action()
     n_act = env.action_space(env.agents[0]).n
     wait = lib.option_id("wait")
@@ -129,11 +135,31 @@ def test_the_effect_check_catches_the_defective_drafts():
     assert static > 0
 
 
-@pytest.mark.parametrize("game, library", [v for v in VARIANTS if v[1] != options.CANONICAL])
+@pytest.mark.parametrize("game, library", VARIANTS)
+def test_shipped_guards_fit_their_variant(game, library):
+    """Every variant ships the guards of its own paper-size burn-in (docs/libraries/<game>/<variant>/, written by
+    ``python -m experiments.burnin --game G --library V``): they load against the variant's options, features and
+    read sets (an inferred literal outside the option's read set is refused by the loader), each inferred guard
+    covers >= MIN_SUPPORT failures, and the burn-in summary beside them names the variant and counts them."""
+    _, lib = _lib(game, library)
+    d = LIBRARY_DOCS / game / library
+    read_sets = {o.name: o.read_set for o in lib.options}
+    gs = guards.load_guards(d / "guards.jsonl", lib.option_names, lib.vocab, reasons=lib.reasons, read_sets=read_sets)
+    summary = json.loads((d / "burnin.json").read_text())
+    assert summary["library"] == library and summary["game"] == game and summary["guards"] == len(gs)
+    assert summary["never_succeeded"] == {}
+    inferred = [g for g in gs if g.channel == "inferred"]
+    assert inferred and all(g.support >= guards.MIN_SUPPORT for g in inferred)
+    for g in inferred:
+        assert {k for k, _ in g.when} <= set(read_sets[g.opt]), g
+
+
+@pytest.mark.parametrize("game, library", [("cleanup", "compact"), ("overcooked_aa", "detailed")])
 def test_variant_burnin_certificate_over_its_own_read_sets(game, library):
-    """A short uniform burn-in of the variant: every inferred guard uses only its option's read-set features
-    (the variant's, not the canonical ones) and, recounted here over the records (solo-only options: solo
-    episodes only), covers >= MIN_SUPPORT failures and zero successes."""
+    """A short uniform burn-in of a variant (one Melting Pot and one Overcooked draft; the other variants'
+    shipped guards are checked above): every inferred guard uses only its option's read-set features (the
+    variant's, not the canonical ones) and, recounted here over the records (solo-only options: solo episodes
+    only), covers >= MIN_SUPPORT failures and zero successes."""
     env, lib = _lib(game, library)
     res = burnin.run_burnin(lib, env, 6, 6, seed=0, chunk=12, num_steps=STEPS)
     gs = burnin.synthesize(lib, res.codes)

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import common, seeds
+from experiments import common, seeds, split
 from experiments.cli import InputError
 from jaxopt_marl import menus, options, seeding, trainer
 from jaxopt_marl.config import RunConfig
@@ -113,15 +113,19 @@ def test_bad_input_exits_2(argv, message, capsys, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def _barrier(*args, **kw):
+    split.barrier(*args, tool="experiments.seeds", what="seeds", **kw)
+
+
 def test_barrier_files(tmp_path):
-    seeds._mark(tmp_path, 0, [0], None)
-    seeds._mark(tmp_path, 1, [1], None)
-    seeds._barrier(tmp_path, 2, timeout=1)
-    seeds._mark(tmp_path, 1, [1], "RuntimeError: boom")
+    split.mark(tmp_path, 0, [0], None)
+    split.mark(tmp_path, 1, [1], None)
+    _barrier(tmp_path, 2, timeout=1)
+    split.mark(tmp_path, 1, [1], "RuntimeError: boom")
     with pytest.raises(RuntimeError, match=r"process 1 \(seeds \[1\]\) failed: RuntimeError: boom"):
-        seeds._barrier(tmp_path, 2, timeout=1)
+        _barrier(tmp_path, 2, timeout=1)
     with pytest.raises(RuntimeError, match=r"processes \[2\] did not finish"):
-        seeds._barrier(tmp_path, 3, timeout=0)
+        _barrier(tmp_path, 3, timeout=0)
 
 
 @pytest.fixture(scope="module")
@@ -190,23 +194,23 @@ def test_barrier_ignores_stale_files(tmp_path):
     assert fp != seeds.launch_fingerprint([0, 1], 2, cfg.replace(eval_episodes=3))
     assert fp != seeds.launch_fingerprint([0, 1, 2, 3], 2, cfg)
     now = 1_000_000.0
-    seeds._mark(tmp_path, 0, [0], None, fp, now)
+    split.mark(tmp_path, 0, [0], None, fp, now)
     # Stale: an earlier launch's file, started before the window, even with the same settings.
-    seeds._mark(tmp_path, 1, [1], None, fp, now - 3600)
+    split.mark(tmp_path, 1, [1], None, fp, now - 3600)
     with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish within 0 s"):
-        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+        _barrier(tmp_path, 2, 0, fp, now - 300)
     # Stale: another launch's settings (the hand-written file of an old version too: no fingerprint at all).
     (tmp_path / "processes" / "p1.json").write_text(json.dumps({"process": 1, "seeds": [1], "ok": True}))
     with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish"):
-        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+        _barrier(tmp_path, 2, 0, fp, now - 300)
     # A stale failure does not stop this launch: it is not waited for either.
-    seeds._mark(tmp_path, 1, [1], "RuntimeError: old", "other", now)
+    split.mark(tmp_path, 1, [1], "RuntimeError: old", "other", now)
     with pytest.raises(RuntimeError, match=r"processes \[1\] did not finish"):
-        seeds._barrier(tmp_path, 2, 0, fp, now - 300)
+        _barrier(tmp_path, 2, 0, fp, now - 300)
     # This launch's file passes; each process deletes its own before it runs.
-    seeds._mark(tmp_path, 1, [1], None, fp, now + 5)
-    seeds._barrier(tmp_path, 2, 0, fp, now - 300)
-    seeds._clear(tmp_path, 1)
+    split.mark(tmp_path, 1, [1], None, fp, now + 5)
+    _barrier(tmp_path, 2, 0, fp, now - 300)
+    split.clear(tmp_path, 1)
     assert not (tmp_path / "processes" / "p1.json").exists()
 
 

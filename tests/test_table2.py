@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from experiments import table2
+from experiments import split, table2
 from experiments.cli import InputError
 from jaxopt_marl import artifacts, pipeline
 
@@ -48,12 +48,41 @@ def _cli_error(argv, capfd) -> str:
         (["--resume", "--force"], "--resume and --force exclude each other"),
         (["--mode", "choice_only"], "cell compound_json_magrpo: interface compound_json needs mode 'sample'"),
         (["--preset", "huge"], "unknown preset 'huge'"),
+        (
+            ["--num-processes", "4", "--process-id", "0"],
+            "--distributed: --cells 6 does not split over 4 processes: each process runs whole runs",
+        ),
+        (["--cells", "full", "frozen_menu", "--num-processes", "2", "--process-id", "2"], "outside 0..1"),
     ],
 )
 def test_bad_input_is_one_line_before_any_compute(extra, message, tmp_path, capfd):
     argv = [*GRID_ARGS, *extra, "--out", str(tmp_path / "o")]  # a later --preset overrides the grid's
     assert message in _cli_error(argv, capfd)
     assert not (tmp_path / "o").exists()
+
+
+def test_cells_split_interleaved_over_processes():
+    """Process p runs cells p, p + P, ...: each of 2 or 3 processes gets one frozen cell (the cheap ones)."""
+    names = list(table2.CELL_NAMES)
+    halves = [split.share(names, 2, p, what="--cells", interleave=True) for p in range(2)]
+    assert halves == [
+        ["frozen_native", "native_magrpo", "shared_lora_menu"],
+        ["frozen_menu", "compound_json_magrpo", "full"],
+    ]
+    thirds = [split.share(names, 3, p, what="--cells", interleave=True) for p in range(3)]
+    assert [len(t) for t in thirds] == [2, 2, 2] and sorted(sum(thirds, [])) == sorted(names)
+    assert [sum(c in table2.FROZEN_CELLS for c in t) for t in thirds] == [1, 1, 0]
+
+
+def test_launch_fingerprint_covers_every_cell_setting():
+    args = table2.build_table2_parser().parse_args(GRID_ARGS)
+    cfgs = {c.name: table2.cell_config(c, GAME, args) for c in table2.CELLS}
+    fp = table2.launch_fingerprint(list(cfgs), 2, cfgs)
+    assert fp == table2.launch_fingerprint(list(cfgs), 2, dict(cfgs))
+    assert fp != table2.launch_fingerprint(list(cfgs), 3, cfgs)
+    assert fp != table2.launch_fingerprint(list(cfgs)[:2], 2, cfgs)
+    other = {**cfgs, "full": cfgs["full"].replace(eval_episodes=3)}
+    assert fp != table2.launch_fingerprint(list(cfgs), 2, other)
 
 
 def test_unknown_game(capfd, tmp_path):
@@ -212,18 +241,35 @@ def test_patterns_follow_their_rules():
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
+    """The six cells played by two processes of one ``--distributed`` launch (issue #17: 3 cells each, process 0
+    writing the table after its barrier); ``(OUT, process 0's stdout)``."""
     out = tmp_path_factory.mktemp("table2") / "grid"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.run(
-        [sys.executable, "-m", "experiments.table2", *GRID_ARGS, "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return out, p.stdout
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "experiments.table2", *GRID_ARGS, "--out", str(out)]
+            + ["--num-processes", "2", "--process-id", str(p)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(2)
+    ]
+    try:
+        res = [p.communicate(timeout=900) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (o, e) in zip(procs, res):
+        assert p.returncode == 0, o[-3000:] + e[-3000:]
+    (out0, _), (out1, _) = res
+    assert "(process 1 of 2: cells frozen_menu, compound_json_magrpo, full)" in out1
+    assert table2.SUMMARY_JSON not in out1 and "== cell frozen_native" not in out1  # its share, no table
+    assert "(process 0 of 2: cells frozen_native, native_magrpo, shared_lora_menu)" in out0
+    assert not any((out / split.PROCESS_DIR).iterdir())  # process 0 deleted the completion files
+    return out, out0
 
 
 def _own_deliveries(traces, seeds, n):
