@@ -144,17 +144,23 @@ def test_native_actions_reach_the_environment_unchanged(game):
     n, a_count = lib.num_agents, len(lib.option_names)
     ms = macro.init(lib, env, jax.random.PRNGKey(3), jnp.ones((n,), bool), jnp.bool_(False))
     key = jax.random.PRNGKey(5)
-    for step in range(a_count):
-        choice = (jnp.arange(n, dtype=jnp.int32) + step) % a_count
+
+    @jax.jit  # one program per step kind, not an eager dispatch per operation
+    def play(ms, choice, k):
         inst, feats = macro.tables(lib, ms.env)
         ms2, fail = macro.begin(lib, ms, choice, inst, feats)
-        assert not bool(fail.valid.any())
-        k = jax.random.fold_in(key, step)
         ms3, rec, action = macro.advance(lib, env, ms2, k, return_action=True)
+        _, direct, _, _, _ = env.step_env(k, ms.env, {ag: choice[i] for i, ag in enumerate(env.agents)})
+        return fail, ms3, rec, action, direct
+
+    for step in range(a_count):
+        choice = (jnp.arange(n, dtype=jnp.int32) + step) % a_count
+        k = jax.random.fold_in(key, step)
+        fail, ms3, rec, action, direct = play(ms, choice, k)
+        assert not bool(fail.valid.any())
         np.testing.assert_array_equal(np.asarray(action), np.asarray(choice))
         assert bool(rec.valid.all()) and not bool(ms3.slots.active.any())  # one step each, all ended
         assert (np.asarray(rec.outcome) == 0).all()  # success: no effect predicate to fail
-        _, direct, _, _, _ = env.step_env(k, ms.env, {ag: choice[i] for i, ag in enumerate(env.agents)})
         for x, y in zip(jax.tree.leaves(direct), jax.tree.leaves(ms3.env)):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
         ms = ms3
