@@ -1,7 +1,8 @@
 """Rollout benchmark: the compiled rollout against the host loop and a bare LLM forward, in one run.
 
 ``python -m experiments.bench rollout [--game G] [--model default|tiny-random|PATH] [--mode choice_only|sample]
-[--rollouts K] [--steps T] [--traces DIR] [--out FILE]`` times, on one machine in one process:
+[--interface menu|native] [--rollouts K] [--steps T] [--traces DIR] [--out FILE]`` times, on one machine in one
+process:
 
 * **compiled**: :class:`jaxopt_marl.compiled_rollout.CompiledRoller` -- K joint episodes of T steps with the LLM
   in the loop as one jitted program (compile excluded: the first call is a warm-up; the median of
@@ -14,9 +15,12 @@
   system turn from a per-adapter prefix cache): the cost of the model with no loop around it (compile
   excluded). In ``sample`` mode it is the prompt pass only (no decoding).
 
-Guards come from a short uniform burn-in (``--burnin-episodes`` solo + joint episodes), as a run's would.
-The JSON (``--out``) has ``game, mode, model, rollouts, steps, decisions, waves, compiled_decisions_per_s,
-host_decisions_per_s, bare_forward_decisions_per_s, ms_per_wave`` and the raw seconds.
+``--interface native`` (paper §4: the primitive actions as a fixed-letter menu, one decision per present agent per
+env step, :class:`jaxopt_marl.interfaces.NativeLibrary`) times both rollouts on that interface instead; it has no
+guards, so no burn-in runs. Under ``menu`` the guards come from a short uniform burn-in (``--burnin-episodes``
+solo + joint episodes), as a run's would. The JSON (``--out``) has ``game, interface, mode, model, rollouts,
+steps, decisions, waves, compiled_decisions_per_s, host_decisions_per_s, bare_forward_decisions_per_s,
+ms_per_wave`` and the raw seconds (compile apart: ``compile_s``, ``host_first_call_s``).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--game", default="cleanup", help="cleanup | harvest | overcooked_aa | overcooked_fc")
     ap.add_argument("--model", default="default", help="default (SmolLM2-135M GGUF) | tiny-random | PATH")
     ap.add_argument("--mode", default="choice_only", help="choice_only | sample")
+    ap.add_argument("--interface", default="menu", help="menu | native (compound_json plays the host loop only)")
     ap.add_argument("--rollouts", type=int, default=4, help="K joint episodes per call")
     ap.add_argument("--steps", type=int, default=150, help="episode length T (env steps)")
     ap.add_argument("--host-steps", type=int, default=None, help="episode length of the host loop (default T)")
@@ -95,6 +100,9 @@ def main(argv: list[str] | None = None) -> None:
         raise InputError(f"unknown game {args.game!r}; valid games: {', '.join(GAMES)}")
     if args.mode not in ("choice_only", "sample"):
         raise InputError(f"unknown mode {args.mode!r}; valid: choice_only, sample")
+    bench_interfaces = ("menu", "native")  # the compiled rollout's (jaxopt_marl.prompt_ids.DEVICE_INTERFACES)
+    if args.interface not in bench_interfaces:
+        raise InputError(f"unknown --interface {args.interface!r}; valid: {', '.join(bench_interfaces)}")
     for name in ("rollouts", "steps", "repeats"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -119,17 +127,21 @@ def main(argv: list[str] | None = None) -> None:
     n = NUM_AGENTS[args.game]
     env = envs_jax.make(args.game, max_steps=args.steps)
     lib = options.get_library(args.game, env)
-    t0 = time.perf_counter()
-    bi = burnin.run_burnin(
-        lib, env, args.burnin_episodes, args.burnin_episodes, seed=args.seed, chunk=100, num_steps=args.steps
-    )
-    guards = burnin.synthesize(lib, bi.codes)
+    guards = []
+    if args.interface == "menu":
+        t0 = time.perf_counter()
+        bi = burnin.run_burnin(
+            lib, env, args.burnin_episodes, args.burnin_episodes, seed=args.seed, chunk=100, num_steps=args.steps
+        )
+        guards = burnin.synthesize(lib, bi.codes)
+        print(f"burn-in: {bi.decisions} decisions, {len(guards)} guards ({time.perf_counter() - t0:.1f} s)")
     compiled_guards = G.compile_guards(guards, lib.vocab)
-    print(f"burn-in: {bi.decisions} decisions, {len(guards)} guards ({time.perf_counter() - t0:.1f} s)")
     spec = None if args.model == "default" else args.model
     lcfg = LoRAConfig.for_rank(n, 32 if n == 7 else 16)
     model, tok = rollout.load_policy_model(spec, lcfg, seed=args.seed)
-    pcfg = rollout.PolicyConfig(mode=args.mode, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    pcfg = rollout.PolicyConfig(
+        mode=args.mode, temperature=args.temperature, max_new_tokens=args.max_new_tokens, interface=args.interface
+    )
     chunks = cr.ChunkConfig.for_backend(rows=args.rollouts * n, mode=args.mode)
     if args.rows or args.length_step or args.pad_rows:
         chunks = cr.ChunkConfig(
@@ -145,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     _, adapters, base = split_model(model)
     device = jax.devices()[0]
     print(
-        f"bench rollout: {args.game} mode={args.mode} model={args.model} K={args.rollouts} T={args.steps} "
+        f"bench rollout: {args.game} interface={args.interface} mode={args.mode} model={args.model} "
+        f"K={args.rollouts} T={args.steps} "
         f"device={device.platform}:{device.device_kind} chunks={chunks} prompt limit {roller.prompt.max_len}"
     )
 
@@ -170,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         from jaxopt_marl.trainer import _write_jsonl
 
         Path(args.traces).mkdir(parents=True, exist_ok=True)
-        _write_jsonl(Path(args.traces) / f"bench_{args.game}_{args.mode}.jsonl", res.traces)
+        _write_jsonl(Path(args.traces) / f"bench_{args.game}_{args.interface}_{args.mode}.jsonl", res.traces)
 
     # 2. Bare forward over the same prompts, padded as the host loop pads them.
     policy = rollout.LLMPolicy(model, tok, args.game, pcfg)
@@ -221,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
 
     result = {
         "game": args.game,
+        "interface": args.interface,
         "mode": args.mode,
         "model": args.model,
         "rollouts": args.rollouts,

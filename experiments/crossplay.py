@@ -290,7 +290,7 @@ class Host:
         lib = options.get_library(cfg.game, env, library=cfg.library)
         guards = G.load_guards(run.dir / "guards.jsonl", lib.option_names, lib.vocab, reasons=lib.reasons)
         model, tok = rollout.load_policy_model(cfg.model, cfg.lora, seed=seeding.lora_init_seed(cfg.seed))
-        prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps)
+        prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps, interface=cfg.interface)
         compiled = G.compile_guards(guards, lib.vocab)
         self.roller = CompiledRoller.for_run(
             cfg, env, lib, compiled, model, tok, batch=cfg.magrpo.num_rollouts, prompt=prompt

@@ -39,6 +39,12 @@ the env step t of episode k uses ``fold_in(env_key_k, t)``, decision d of agent 
 plays identically whichever episodes share its batch and however its wave's rows are chunked, and the host
 loop, which uses the same keys, is a reference for the compiled one.
 
+**Interfaces.** ``menu`` (the method) and ``native`` (paper §4: the game's primitive actions as a fixed-letter
+menu of one-step options, :class:`jaxopt_marl.interfaces.NativeLibrary`, no guards) run this program; with
+``native`` every present agent decides at every env step (one wave per step), the letters are
+:func:`jaxopt_marl.interfaces.fixed_letters` instead of the shuffle, and the prompts are the native template of
+:class:`jaxopt_marl.prompt_ids.PromptIds`. ``compound_json`` plays the host loop.
+
 Nothing leaves the device during a call (``jax.transfer_guard("disallow")`` holds around it); the host
 decodes the buffers into the ``decisions/*.jsonl`` traces afterwards (:meth:`CompiledRoller.traces`), and the
 PA-MAGRPO batch is built from them on the device (:func:`decision_batch`).
@@ -56,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxopt_marl import macro, menus, parse_device, parsing, prompt_ids, prompts, rollout
+from jaxopt_marl import interfaces, macro, menus, parse_device, parsing, prompt_ids, prompts, rollout
 from jaxopt_marl import progress as progress_lib
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
 from jaxopt_marl.train_step import DecisionBatch
@@ -251,7 +257,11 @@ class CompiledRoller:
         game: game name; env: the environment; lib: its option library; guards: ``CompiledGuards``.
         model: the :class:`lora.Decoder` with its stacked adapters (N, or 1 with ``cfg.shared_adapter``).
         tokenizer: its tokenizer (with a chat template).
-        cfg: :class:`jaxopt_marl.rollout.PolicyConfig` (mode, temperature, response budget, shared adapter).
+        cfg: :class:`jaxopt_marl.rollout.PolicyConfig` (mode, temperature, response budget, shared adapter, and the
+            interface: ``menu``, or ``native``, which plays ``lib`` wrapped in
+            :class:`jaxopt_marl.interfaces.NativeLibrary` with no guards (``guards`` is ignored), the letters fixed
+            in the simulator's action order (:func:`jaxopt_marl.interfaces.fixed_letters`) and the native prompt
+            (:class:`jaxopt_marl.prompt_ids.PromptIds` ``interface="native"``), exactly as the host loop plays it).
         menu_seed: run seed mixed into the letter-shuffle keys.
         batch: K, the rollouts of one call (each call compiles once per K; evaluation plays in batches of K).
         chunks: :class:`ChunkConfig` (default: :meth:`ChunkConfig.for_backend`).
@@ -267,7 +277,9 @@ class CompiledRoller:
             and the chosen instances' read-set features at initiation come back in ``CompiledResult.feats``.
 
     Raises:
-        ValueError: a menu longer than the letters, a prompt limit below the worst case, a vocabulary whose
+        ValueError: an interface with no device template (``compound_json``: the host loop plays it), ``native``
+            with ``burnin``, a ``prompt`` built for another interface or mode, a menu longer than the letters,
+            a prompt limit below the worst case, a vocabulary whose
             letters " A".." Z" are not single tokens (from :class:`jaxopt_marl.prompt_ids.PromptIds`, naming
             the game, the length and the limit), or a model whose adapter count does not fit the mode. All
             before any compute.
@@ -290,8 +302,23 @@ class CompiledRoller:
         prompt: prompt_ids.PromptIds | None = None,
         burnin: bool = False,
     ):
+        from jaxopt_marl import guards as G
         from lora import split_model
 
+        # The interface (jaxopt_marl.interfaces): menu, or native (the primitive actions as a fixed-letter menu of
+        # one-step options, no guards), as the host loop (rollout.Roller) plays them; compound_json has no letters.
+        self.interface = interfaces.SPECS[cfg.interface]
+        if cfg.interface not in prompt_ids.DEVICE_INTERFACES:
+            raise ValueError(
+                f"{game}: interface {cfg.interface!r} plays the host loop (jaxopt_marl.rollout.Roller); the compiled "
+                f"rollout plays {', '.join(prompt_ids.DEVICE_INTERFACES)}"
+            )
+        if cfg.interface == interfaces.NATIVE:
+            if burnin:
+                raise ValueError(f"{game}: the burn-in control plays the menu interface, not {cfg.interface!r}")
+            if not isinstance(lib, interfaces.NativeLibrary):
+                lib = interfaces.NativeLibrary(lib)
+            guards = G.compile_guards([], lib.vocab)  # nothing to guard: every action is always on the menu
         self.game, self.env, self.lib, self.guards, self.cfg = game, env, lib, guards, cfg
         self.burnin = bool(burnin)
         self.tok = tokenizer
@@ -310,8 +337,20 @@ class CompiledRoller:
             )
         # ``prompt``: the caller's, already built for this game, tokenizer, mode and episode length (checked once).
         self.prompt = prompt or prompt_ids.PromptIds(
-            game, env, lib, tokenizer, mode=cfg.mode, max_steps=self.steps, max_len=max_prompt_len
+            game,
+            env,
+            lib,
+            tokenizer,
+            mode=cfg.mode,
+            max_steps=self.steps,
+            max_len=max_prompt_len,
+            interface=cfg.interface,
         )
+        if self.prompt.interface != cfg.interface or self.prompt.mode != cfg.mode:
+            raise ValueError(
+                f"{game}: the prompt template is for interface {self.prompt.interface!r}, mode "
+                f"{self.prompt.mode!r}; the policy plays {cfg.interface!r}, {cfg.mode!r}"
+            )
         self.chunks = chunks or ChunkConfig.for_backend(rows=self.batch * self.n, mode=cfg.mode)
         self.model = model
         self.graphdef, _, _ = split_model(model)
@@ -325,8 +364,7 @@ class CompiledRoller:
         # Text around the user message in the rendered chat, for the traces' ``prompt`` field.
         sentinel = "\x00USER\x00"
         full = render_chat(
-            tokenizer,
-            [{"role": "system", "content": prompts.system_message(game)}, {"role": "user", "content": sentinel}],
+            tokenizer, [{"role": "system", "content": self.prompt.system}, {"role": "user", "content": sentinel}]
         )
         head, tail = full[len(self.prompt.prefix_text) :].split(sentinel)
         self._user_head, self._user_tail = head, tail
@@ -505,7 +543,10 @@ class CompiledRoller:
             jax.vmap(lambda s, a, kk: menus.build_menu(lib, self.guards, s, a, kk), (None, 0, 0)), (0, 0, 0)
         )
         suffix_fn = jax.vmap(jax.vmap(self.prompt.suffix, (None, 0, 0, 0, 0)), (0, 0, 0, 0, 0))
-        label_fn = jax.vmap(jax.vmap(lambda s, a: prompt_ids.state_label_code(game, lib, s, a), (None, 0)), (0, None))
+        view_lib = self.prompt.view_lib  # the game's own library (native: the NativeLibrary's base)
+        label_fn = jax.vmap(
+            jax.vmap(lambda s, a: prompt_ids.state_label_code(game, view_lib, s, a), (None, 0)), (0, None)
+        )
         team_fn = jax.vmap(lib.team_return)
         begin_fn = jax.vmap(lambda mst, ch: macro.begin(lib, mst, ch, *macro.tables(lib, mst.env)))
 
@@ -541,6 +582,8 @@ class CompiledRoller:
                 jax.vmap(lambda s, a, dd: menus.decision_key(self.menu_seed, s, a, dd), (None, 0, 0)), (0, None, 0)
             )(seeds, agents, ndec)
             menu = menu_fn(ms.env, jnp.broadcast_to(agents, (k, n)), dkeys)
+            if not self.interface.shuffle:  # native: the actions in the simulator's order, as the host loop
+                menu = menu._replace(letters=interfaces.fixed_letters(menu.inst.valid, jnp))
             shown = menu.letters >= 0
             n_let = shown.sum(-1).astype(jnp.int32)
             llm_row = need & active
@@ -857,7 +900,7 @@ class CompiledRoller:
                     seed=int(seeds[b]),
                     step=int(dec.step[d]),
                     aid=int(dec.aid[d]),
-                    interface="menu",
+                    interface=self.cfg.interface,
                     prompt=user,
                     menu=menu_text.split("\n")[1:],
                     response=response,

@@ -248,8 +248,8 @@ class RunConfig:
     max_new_tokens: int = 12
     # Action interface (jaxopt_marl.interfaces; paper §6.2 Table 2): "menu" (the method: guarded option menu),
     # "native" (primitive actions as letters, one call per step: Ablations A, C) or "compound_json" (a JSON
-    # compound action, no menu and no guards: Ablation D; "sample" mode only). The menu runs the compiled
-    # rollout, the others the host loop (jaxopt_marl.rollout.Roller).
+    # compound action, no menu and no guards: Ablation D; "sample" mode only). The menu and native interfaces run
+    # the compiled rollout, compound_json the host loop (jaxopt_marl.rollout.Roller).
     interface: str = "menu"
     # Burn-in: this many solo plus this many joint episodes (uniform over the guardless menu; paper §5.1: 2000).
     burnin_episodes: int = PAPER_BURNIN_EPISODES

@@ -1,7 +1,8 @@
 """Action interfaces of the LLM policy (paper §4, §6.2 Table 2): ``menu``, ``native`` and ``compound_json``.
 
-The interface is what the LLM is shown and what its answer means. All three run through the same rollouts
-(:class:`jaxopt_marl.rollout.Roller`), traces and PA-MAGRPO update; the update trains the tokens each one
+The interface is what the LLM is shown and what its answer means. All three run through the same host rollout
+(:class:`jaxopt_marl.rollout.Roller`; ``menu`` and ``native`` also through the compiled one,
+:class:`jaxopt_marl.compiled_rollout.CompiledRoller`, which a run plays), traces and PA-MAGRPO update; the update trains the tokens each one
 generates (the whole sampled response in ``sample`` mode, the letter in ``choice_only``).
 
 ``menu`` (the method)
@@ -18,7 +19,8 @@ generates (the whole sampled response in ``sample`` mode, the letter in ``choice
     machinery runs them unchanged and every option ends after one step (call ratio 1.00). The prompt is §4's:
     world position, facing, what is in view with path distances (the menu interface's world lines), a layout
     hint (:func:`layout_hint`: where the river and the orchard lie, the apple patches, the kitchen's
-    dispensers), partners, step and the last actions taken. Same two-line answer and parser as ``menu``.
+    dispensers), partners, step and the last actions taken. Same two-line answer and parser as ``menu``. Played
+    by the compiled rollout in a run too (its device prompt template: :mod:`jaxopt_marl.prompt_ids`).
 
 ``compound_json`` (Ablation D, §6.2)
     No menu and no guards: the prompt lists the option family's action types with their arguments
@@ -240,6 +242,28 @@ def layout_hint(game: str, snap: dict, aid: int, lib: OptionLibrary) -> str:
     )
 
 
+def layout_hint_table(game: str, lib: OptionLibrary) -> tuple[tuple[str, ...], np.ndarray]:
+    """:func:`layout_hint` of every cell of the map, as distinct texts and a cell index (the device prompt's table).
+
+    The hint reads only the agent's cell (``snap["pos"][aid]``) and static map data (Cleanup's region map and
+    dirt / apple-capable rows, Harvest's patch targets, the kitchen's dispensers), so these are all the texts it
+    can write; the snapshot passed here holds nothing else, so a hint that read more would raise ``KeyError``.
+
+    Returns:
+        ``(texts, cell)``: the distinct hints in first-seen row-major order, and ``int32[H, W]`` the index into
+        ``texts`` of the hint of an agent at (row, col).
+    """
+    base = getattr(lib, "base", lib)
+    h, w = (int(x) for x in base.shape)
+    texts: dict[str, int] = {}
+    cell = np.zeros((h, w), np.int32)
+    for r in range(h):
+        for c in range(w):
+            text = layout_hint(game, {"pos": np.array([[r, c]], np.int32)}, 0, base)
+            cell[r, c] = texts.setdefault(text, len(texts))
+    return tuple(texts), cell
+
+
 def _world_lines(game: str, snap: dict, aid: int, lib: OptionLibrary) -> list[str]:
     base = getattr(lib, "base", lib)
     return prompts.view(game).lines(snap, aid, base) + [layout_hint(game, snap, aid, base)]
@@ -367,6 +391,10 @@ def action_catalogue(lib: OptionLibrary) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+#: What each interface's memory line calls the remembered decisions (``- Last 5 actions: noop, forward``).
+MEMORY_NOUNS = {MENU: prompts.MEMORY_NOUN, NATIVE: "actions", COMPOUND_JSON: "actions decided"}
+
+
 def system_message(game: str, interface: str = MENU) -> str:
     """The fixed system message of ``game`` under ``interface`` (the menu's is :func:`prompts.system_message`)."""
     check_interface(interface)
@@ -406,8 +434,7 @@ def user_message(
         return prompts.user_message(game, snap, aid, menu_text, max_steps, mem, lib)
     mem = mem or prompts.Memory()
     team = float(snap["team"])
-    memory = prompts._memory_lines(mem, team)
-    memory[1] = memory[1].replace("macros decided", "actions" if interface == NATIVE else "actions decided")
+    memory = prompts._memory_lines(mem, team, MEMORY_NOUNS[interface])
     head = _world_lines(game, snap, aid, lib) + [f"Step {int(snap['step'])}/{max_steps}.", ""] + memory + [""]
     if interface == NATIVE:
         return "\n".join(head + [menu_text, "", "Choose one. Reply with exactly two lines."])
@@ -442,10 +469,13 @@ def rollout_library(interface: str, lib: OptionLibrary) -> OptionLibrary:
     return NativeLibrary(lib) if interface == NATIVE else lib
 
 
-def fixed_letters(valid) -> np.ndarray:
-    """``int32[..., I]``: letters in slot order over the valid slots (-1 elsewhere): the native menu."""
-    valid = np.asarray(valid, bool)
-    return np.where(valid, np.cumsum(valid, axis=-1) - 1, -1).astype(np.int32)
+def fixed_letters(valid, xp=np):
+    """``int32[..., I]``: letters in slot order over the valid slots (-1 elsewhere): the native menu.
+
+    ``xp``: ``numpy`` (the host loop) or ``jax.numpy`` (jittable: the compiled rollout), the same rule.
+    """
+    valid = xp.asarray(valid, bool)
+    return xp.where(valid, xp.cumsum(valid, axis=-1, dtype=np.int32) - 1, -1).astype(np.int32)
 
 
 __all__ = [
@@ -456,6 +486,7 @@ __all__ = [
     "EXECUTOR_PREFIX",
     "INTERFACES",
     "InterfaceSpec",
+    "MEMORY_NOUNS",
     "MENU",
     "NATIVE",
     "NATIVE_ACTIONS",
@@ -465,6 +496,7 @@ __all__ = [
     "check_interface",
     "fixed_letters",
     "layout_hint",
+    "layout_hint_table",
     "native_actions",
     "parse_compound",
     "resolve_compound",

@@ -232,7 +232,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
 
     from jaxopt_marl import burnin, episode_gif, evaluation, interfaces, rollout, seeding, solo_test
     from jaxopt_marl.compiled_rollout import CompiledRoller
-    from jaxopt_marl.prompt_ids import PromptIds
+    from jaxopt_marl.prompt_ids import DEVICE_INTERFACES, PromptIds
 
     _print_header(cfg, out, resume, ckpt_round)
     # 0b. The model and the prompt limits, before any compute and before the run directory is written (or, with
@@ -245,17 +245,23 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
         raise InputError(f"model {cfg.model or DEFAULT_MODEL_NAME} could not be loaded: {e}") from None
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
     menu = cfg.interface == interfaces.MENU
+    # The interfaces the compiled rollout plays (menu, native); compound_json plays the host loop.
+    compiled_loop = cfg.interface in DEVICE_INTERFACES
     if cfg.frozen and dist is not None:
         raise InputError(
             "rounds 0 (no training: evaluate the frozen base) runs in one process, not under --distributed"
         )
-    if not menu and dist is not None:
+    if not compiled_loop and dist is not None:
         raise InputError(
             f"interface {cfg.interface} plays the host rollout loop; several processes need the compiled rollout "
-            f"(interface menu)"
+            f"(interface {' or '.join(DEVICE_INTERFACES)})"
         )
-    try:  # the compiled rollout's prompt limits (the menu interface's; the others run the host loop)
-        prompt = PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps) if menu else None
+    try:  # the compiled rollout's prompt limits (menu, native; compound_json runs the host loop)
+        prompt = (
+            PromptIds(cfg.game, env, lib, tok, mode=cfg.mode, max_steps=cfg.episode_steps, interface=cfg.interface)
+            if compiled_loop
+            else None
+        )
     except ValueError as e:
         raise InputError(str(e)) from None
     try:
@@ -312,13 +318,14 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
         print(f"interface {cfg.interface}: no menu, the guards are not applied (jaxopt_marl.interfaces)")
 
     # 2. Policy and trainer. The compiled rollout (one jitted program per call of K episodes, LLM included) also
-    # plays the evaluation, the frozen base and the solo test, in calls of K. The native and compound_json
-    # interfaces (Table 2's ablations) play the host loop (jaxopt_marl.rollout.Roller), the same traces and batch.
+    # plays the evaluation, the frozen base and the solo test, in calls of K, under the menu and native interfaces.
+    # The compound_json interface (Ablation D) plays the host loop (jaxopt_marl.rollout.Roller), the same traces
+    # and batch.
     mcfg = cfg.magrpo
     # Several processes: each plays its share of the K rollouts (K / P, checked by the command line) in one call.
     batch = mcfg.num_rollouts // (1 if dist is None else dist.num_processes)
     try:
-        if menu:
+        if compiled_loop:
             roller = CompiledRoller.for_run(cfg, env, lib, compiled, model, tok, batch=batch, prompt=prompt)
         else:
             host_policy = rollout.LLMPolicy(model, tok, cfg.game, cfg.policy_config())

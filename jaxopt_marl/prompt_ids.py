@@ -50,6 +50,21 @@ Why concatenation equals tokenizing the whole string
     a tokenizer that breaks the scheme raises ``ValueError`` naming the game, the tokenizer's pre-tokenizer
     and the first offending text.
 
+Interfaces
+    ``menu`` (the default) writes :func:`jaxopt_marl.prompts.user_message`. ``native`` (paper §4, the game's
+    primitive actions, :class:`jaxopt_marl.interfaces.NativeLibrary`) writes
+    :func:`jaxopt_marl.interfaces.user_message`'s native text with the same template and three differences, each
+    taken from :mod:`jaxopt_marl.interfaces` rather than restated: the system turn is
+    :func:`jaxopt_marl.interfaces.system_message`'s (so another shared K/V prefix); after the world lines comes
+    the layout hint line, a pick among the host's own :func:`jaxopt_marl.interfaces.layout_hint` texts of every
+    map cell by the agent's cell (:func:`jaxopt_marl.interfaces.layout_hint_table`: Cleanup's region and river /
+    orchard side words, Harvest's nearest patch and its direction, the static kitchen line; the hint reads
+    nothing else), one fragment ``"Layout: ... .\n"`` between the view's last newline and ``"Step "``; the memory
+    line's noun is :data:`jaxopt_marl.interfaces.MEMORY_NOUNS`' (``- Last 5 actions:``), and the memory codes
+    and menu lines are the NativeLibrary's actions (the fixed letters of
+    :func:`jaxopt_marl.interfaces.fixed_letters` are just one letter assignment the menu slots take). The
+    construction check draws at least one synthetic decision per hint text.
+
 The slots that differ between games belong to the family's view (:attr:`jaxopt_marl.prompts.PromptFamily.view`):
 one device template per view in :data:`_TEMPLATES` (``kitchen``: :class:`_KitchenTemplate`, Overcooked; ``window``:
 :class:`_WindowTemplate`, Melting Pot), the twins of :data:`jaxopt_marl.prompts.VIEWS`. Melting Pot "in view" is
@@ -67,7 +82,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxopt_marl import games, menus, prompts
+from jaxopt_marl import games, interfaces, menus, prompts
 from jaxopt_marl.options import meltingpot_common as mpc
 from jaxopt_marl.paths import UNREACHABLE
 from lora.tokenizer import render_chat
@@ -90,6 +105,8 @@ RESPONSE_PREFIX = "state: {label}\nchoice:"
 #: Menu lines one menu can letter.
 MAX_MENU_LINES = len(menus.LETTERS)
 MODES = ("sample", "choice_only")
+#: The interfaces with a device template (:mod:`jaxopt_marl.interfaces`; ``compound_json`` plays the host loop).
+DEVICE_INTERFACES = (interfaces.MENU, interfaces.NATIVE)
 
 _BIG = np.int32(2**31 - 1)
 # Every chunk string: "" (absent), "0".."9", "00".."99", "000".."999"; _CHUNK_BASE[n] = index of the first
@@ -507,7 +524,9 @@ class _WindowTemplate:
     def fields(self, ids: PromptIds, env_state, aid) -> dict:
         """The window's fields of one decision (jittable)."""
         dirt = env_state.dirt if self.dirt else None
-        view = prompts.mp_view(ids.lib, env_state.pos, env_state.facing, env_state.alive, aid, env_state.apples, dirt)
+        view = prompts.mp_view(
+            ids.view_lib, env_state.pos, env_state.facing, env_state.alive, aid, env_state.apples, dirt
+        )
         f = dict(
             pos=env_state.pos[aid],
             facing=env_state.facing[aid],
@@ -601,8 +620,14 @@ class PromptIds:
         mode: ``"sample"`` or ``"choice_only"`` (appends the response prefix ``state: <label>\\nchoice:``).
         max_steps: the episode length written in ``Step t/T``.
         max_len: suffix buffer length (default: the worst case, :attr:`max_len`).
+        interface: ``menu`` (the option menu) or ``native`` (:data:`DEVICE_INTERFACES`): the native template
+            plays ``lib`` wrapped in :class:`jaxopt_marl.interfaces.NativeLibrary` (a NativeLibrary is taken as
+            is) and writes :func:`jaxopt_marl.interfaces.user_message`'s native text (module docstring).
 
     Attributes:
+        lib: the library whose menus and memory the text names (the NativeLibrary for ``native``); view_lib: the
+            game's own library the world lines and the state label read (``lib`` itself for ``menu``).
+        system: the interface's system message (:func:`jaxopt_marl.interfaces.system_message`).
         prefix_text, prefix_ids: the rendered system turn LLMPolicy strips and caches.
         max_len: static suffix length bound: the worst case ``worst_len``, or the caller's larger value.
         worst_len: the sum over the template's slots of each slot at its maximum: its longest fragment, numbers
@@ -613,15 +638,40 @@ class PromptIds:
         pad_id: the left-padding token (the tokenizer's pad token, else 0).
 
     Raises:
-        ValueError: unknown mode or game; more menu lines than letters; a letter that is not one token; a
+        ValueError: unknown mode, game or interface, or one with no device template (``compound_json``); a
+            NativeLibrary for ``menu``; more menu lines than letters; a letter that is not one token; a
             ``max_len`` below the worst case; a tokenizer that breaks the fragment scheme.
     """
 
-    def __init__(self, game: str, env, lib, tokenizer, *, mode: str, max_steps: int, max_len: int | None = None):
+    def __init__(
+        self,
+        game: str,
+        env,
+        lib,
+        tokenizer,
+        *,
+        mode: str,
+        max_steps: int,
+        max_len: int | None = None,
+        interface: str = interfaces.MENU,
+    ):
         if mode not in MODES:
             raise ValueError(f"{game}: unknown mode {mode!r}; known: {', '.join(MODES)}")
-        self.system = prompts.system_message(game)  # raises for an unknown game
+        interfaces.check_interface(interface)
+        if interface not in DEVICE_INTERFACES:
+            raise ValueError(
+                f"{game}: interface {interface!r} has no device prompt template (the host loop plays it); "
+                f"device interfaces: {', '.join(DEVICE_INTERFACES)}"
+            )
+        native = interface == interfaces.NATIVE
+        if native and not isinstance(lib, interfaces.NativeLibrary):
+            lib = interfaces.NativeLibrary(lib)
+        if not native and isinstance(lib, interfaces.NativeLibrary):
+            raise ValueError(f"{game}: interface {interface!r} plays the game's option library, not a NativeLibrary")
+        self.system = interfaces.system_message(game, interface)  # raises for an unknown game
+        self.interface = interface
         self.game, self.env, self.lib, self.tok, self.mode = game, env, lib, tokenizer, mode
+        self.view_lib = lib.base if native else lib
         self.family = prompts.family(game)
         self.labels = prompts.prompt_family(game).labels
         self.max_steps = int(max_steps)
@@ -712,8 +762,17 @@ class PromptIds:
                 tails += [body + "\n", body + "\n\nChoose"]
         self._tail_table = tuple(tails)
         self._letter_table = ("",) + tuple(f"{c})" for c in menus.LETTERS)
-        self._view = _TEMPLATES[prompts.prompt_family(self.game).view](self.game, lib)
+        self._view = _TEMPLATES[prompts.prompt_family(self.game).view](self.game, self.view_lib)
         h, w = self._view.shape
+        self._mem_noun = interfaces.MEMORY_NOUNS[self.interface]
+        # native: the layout hint line of every cell (interfaces.layout_hint_table: the host's own text).
+        self._hint_table, self._hint_cell = None, None
+        if self.interface == interfaces.NATIVE:
+            texts, cell = interfaces.layout_hint_table(self.game, self.view_lib)
+            if cell.shape != (h, w):
+                raise ValueError(f"{self.game}: the layout hint table is {cell.shape}, the map {(h, w)}")
+            self._hint_table = tuple(t + "\n" for t in texts)
+            self._hint_cell = cell.reshape(-1)
         self._cap_xy = _digits(max(h, w) - 1)
         self._cap_dist = self._view.cap_dist
         self._n_agents = lib.num_agents
@@ -737,9 +796,13 @@ class PromptIds:
             line_opt=jnp.asarray(inst.opt, jnp.int32)[order],
             line_tgt=jnp.asarray(inst.target, jnp.int32)[order],
             line_letter=letters[order],
-            label=state_label_code(self.game, self.lib, env_state, aid),
+            label=state_label_code(self.game, self.view_lib, env_state, aid),
         )
         f.update(self._view.fields(self, env_state, aid))
+        if self._hint_table is not None:  # native: the layout hint of the agent's cell
+            h, w = self._view.shape
+            pos = jnp.asarray(self.view_lib.agent_view(env_state)[0], jnp.int32)[aid]
+            f["hint"] = jnp.asarray(self._hint_cell)[jnp.clip(pos[0], 0, h - 1) * w + jnp.clip(pos[1], 0, w - 1)]
         return f
 
     # -- stage 2: fragment rows of one decision ----------------------------------------------------------------
@@ -749,6 +812,8 @@ class PromptIds:
         e = _Emit(self.frags, xp)
         e.lit(self._user_pre)
         self._view.rows(self, e, f)
+        if self._hint_table is not None:  # native: "Layout: ...\n" (interfaces.layout_hint)
+            e.pick(self._hint_table, f["hint"])
         self._common_rows(e, f)
         return e.rows()
 
@@ -756,7 +821,7 @@ class PromptIds:
         xp = e.xp
         e.lit("Step ")
         e.num(f["step"], INT32_DIGITS)
-        e.lit(f"/{self.max_steps}.\n\nMemory:\n- Last {prompts.MEMORY_MACROS} macros decided:")
+        e.lit(f"/{self.max_steps}.\n\nMemory:\n- Last {prompts.MEMORY_MACROS} {self._mem_noun}:")
         codes = f["macros"]
         on = codes >= 0
         first = on & (xp.cumsum(on) == 1)
@@ -838,7 +903,7 @@ class PromptIds:
     def reference_texts(self, env_states, aids, inst, letters, mems: AgentMemory) -> list[str]:
         """Host reference suffix strings of a batch of decisions (leading axis B on every argument): the text
         ``render_chat(tok, [system, user])[len(prefix_text):] + response prefix`` that LLMPolicy encodes, with
-        ``user`` from :func:`jaxopt_marl.prompts.user_message` (see :func:`host_user_message`)."""
+        ``user`` from :func:`jaxopt_marl.interfaces.user_message` of the interface (see :func:`host_user_message`)."""
         return self.reference_by_mode(env_states, aids, inst, letters, mems, (self.mode,))[self.mode]
 
     def reference_by_mode(
@@ -854,7 +919,7 @@ class PromptIds:
             a = int(aids[b])
             mem = host_memory(self.lib, jax.tree.map(lambda x, b=b: np.asarray(x)[b], mems))
             menu = menus.render_menu(self.lib, opt[b], tgt[b], let[b])
-            user = prompts.user_message(self.game, sb, a, menu, self.max_steps, mem, self.lib)
+            user = interfaces.user_message(self.interface, self.game, sb, a, menu, self.max_steps, mem, self.lib)
             full = render_chat(
                 self.tok, [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
             )[len(self.prefix_text) :]
@@ -924,6 +989,8 @@ class PromptIds:
             return np.where(rng.random(shape) < 0.2, UNREACHABLE, d).astype(np.int32)
 
         f.update(self._view.random_fields(self, rng, ar, cells, dists))
+        if self._hint_table is not None:  # every hint text (the check draws at least one decision per text)
+            f["hint"] = rng.permutation(ar % len(self._hint_table)).astype(np.int32)
         return f
 
     def _check(self) -> None:
@@ -940,10 +1007,11 @@ class PromptIds:
                     f"{where}: the tokenizer splits the number {n} as {list(ids)}, not as chunks of "
                     f"{CHUNK_DIGITS} digits from the left {want}"
                 )
-        fields = self._random_fields(CHECK_SAMPLES, seed=1)
+        samples = max(CHECK_SAMPLES, len(self._hint_table or ()))
+        fields = self._random_fields(samples, seed=1)
         row_tok, row_len, col = self.frags.row_tok, self.frags.row_len, np.arange(ROW_WIDTH)
         seqs = []
-        for b in range(CHECK_SAMPLES):
+        for b in range(samples):
             rows = self._rows({k: v[b] for k, v in fields.items()}, np)
             seqs.append(row_tok[rows][col[None] < row_len[rows][:, None]].tolist())
         texts = [tok.decode(s) for s in seqs]
@@ -975,18 +1043,32 @@ def _snapshot_fn(game: str, env):
     return _SNAPSHOTS[id(env)][1]
 
 
-def host_user_message(game: str, env, lib, env_state, aid: int, inst, letters, mem: AgentMemory, max_steps: int) -> str:
+def host_user_message(
+    game: str,
+    env,
+    lib,
+    env_state,
+    aid: int,
+    inst,
+    letters,
+    mem: AgentMemory,
+    max_steps: int,
+    interface: str = interfaces.MENU,
+) -> str:
     """The host reference user message of one decision (one env, unbatched ``env_state``): the text of
-    :func:`jaxopt_marl.prompts.user_message` with the menu of ``inst`` / ``letters``
-    (:func:`jaxopt_marl.menus.render_menu`) and the :class:`jaxopt_marl.prompts.Memory` matching ``mem``
+    :func:`jaxopt_marl.interfaces.user_message` under ``interface`` (``menu``: :func:`jaxopt_marl.prompts.user_message`;
+    ``native``: ``lib`` is the :class:`jaxopt_marl.interfaces.NativeLibrary`) with the menu of ``inst`` /
+    ``letters`` (:func:`jaxopt_marl.menus.render_menu`) and the :class:`jaxopt_marl.prompts.Memory` matching ``mem``
     (:func:`host_memory`), team values from the state."""
     snap = prompts.take(_snapshot_fn(game, env)(jax.tree.map(lambda x: jnp.asarray(x)[None], env_state)), 0)
     menu = menus.render_menu(lib, np.asarray(inst.opt), np.asarray(inst.target), np.asarray(letters))
-    return prompts.user_message(game, snap, int(aid), menu, int(max_steps), host_memory(lib, mem), lib)
+    mem = host_memory(lib, mem)
+    return interfaces.user_message(interface, game, snap, int(aid), menu, int(max_steps), mem, lib)
 
 
 __all__ = [
     "CHUNK_DIGITS",
+    "DEVICE_INTERFACES",
     "IDLE_CODE",
     "IDLE_NAME",
     "INT32_DIGITS",

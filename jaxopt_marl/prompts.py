@@ -49,6 +49,9 @@ from jaxopt_marl.paths import UNREACHABLE
 MAX_LISTED = 3
 #: Macros remembered per agent.
 MEMORY_MACROS = 5
+#: What the memory line calls the remembered decisions (``- Last 5 macros decided: ...``); the other interfaces'
+#: nouns are :data:`jaxopt_marl.interfaces.MEMORY_NOUNS`.
+MEMORY_NOUN = "macros decided"
 
 # Compass names: Melting Pot facing codes (N=0, E=1, S=2, W=3); Overcooked codes (0 N, 1 S, 2 E, 3 W).
 MP_FACING = ("North", "East", "South", "West")
@@ -190,11 +193,12 @@ def _dist(d) -> str:
     return "unreachable" if int(d) >= UNREACHABLE else str(int(d))
 
 
-def _memory_lines(mem: Memory, team: float) -> list[str]:
+def _memory_lines(mem: Memory, team: float, noun: str = MEMORY_NOUN) -> list[str]:
+    """The memory lines; ``noun`` names the remembered decisions (:data:`MEMORY_NOUN`, or an interface's)."""
     last = ", ".join(mem.macros) if mem.macros else "none"
     return [
         "Memory:",
-        f"- Last {MEMORY_MACROS} macros decided: {last}",
+        f"- Last {MEMORY_MACROS} {noun}: {last}",
         f"- Team reward since your last decision: {_num(team - mem.team_at_last)} (episode total {_num(team)})",
     ]
 
@@ -441,6 +445,7 @@ def view(game: str):
 __all__ = [
     "MAX_LISTED",
     "MEMORY_MACROS",
+    "MEMORY_NOUN",
     "FAMILIES",
     "KitchenView",
     "MP_FACING",

@@ -449,10 +449,11 @@ class Roller:
     """Compiled pieces for one (game, library, guards, policy): call :meth:`collect` per round.
 
     The host loop of the module docstring. It plays every interface of :mod:`jaxopt_marl.interfaces`
-    (``policy.cfg.interface``): ``menu`` (the compiled rollout's reference), ``native`` (the game's primitive
-    actions as a fixed letter menu: ``lib`` is wrapped in :class:`jaxopt_marl.interfaces.NativeLibrary`) and
-    ``compound_json`` (a JSON object naming an option and its target). The last two have no guards: ``guards``
-    is ignored for them.
+    (``policy.cfg.interface``): ``menu`` and ``native`` (the game's primitive actions as a fixed letter menu:
+    ``lib`` is wrapped in :class:`jaxopt_marl.interfaces.NativeLibrary`), both the compiled rollout's reference
+    (:class:`jaxopt_marl.compiled_rollout.CompiledRoller` plays them in a run), and ``compound_json`` (a JSON
+    object naming an option and its target; runs play it here). The last two have no guards: ``guards`` is
+    ignored for them.
 
     Args:
         game: game name; env: the environment; lib: its option library; guards: ``CompiledGuards``;

@@ -21,14 +21,14 @@ CHOICE_STEPS = 8
 ONE_BRANCH = cr.ChunkConfig(row_sizes=(4,), pad_rows=True, length_step=4096)
 
 
-def _roller(game, mode, chunks=ONE_BRANCH, batch=2, temperature=1.0, steps=STEPS, max_new_tokens=6):
+def _roller(game, mode, chunks=ONE_BRANCH, batch=2, temperature=1.0, steps=STEPS, max_new_tokens=6, interface="menu"):
     import envs_jax
 
     env = envs_jax.make(game, max_steps=steps)
     lib = options.get_library(game, env)
     n = lib.num_agents
     model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=n, rank=2, alpha=4.0))
-    cfg = rollout.PolicyConfig(mode=mode, temperature=temperature, max_new_tokens=max_new_tokens)
+    cfg = rollout.PolicyConfig(mode=mode, temperature=temperature, max_new_tokens=max_new_tokens, interface=interface)
     return cr.CompiledRoller(
         game, env, lib, guards.compile_guards([], lib.vocab), model, tok, cfg, batch=batch, chunks=chunks
     )
@@ -290,15 +290,14 @@ def test_bad_input(oc_choice):
         cr.ChunkConfig(row_sizes=(8, 4))
 
 
-def test_host_loop_parity(cu_padded):
-    """The host loop (Python menus, prompts and tokenizer per wave) is the compiled rollout's reference: with
-    the same keys both play the same episodes -- prompts, letters, options and outcomes."""
-    r = cu_padded
+def _assert_host_parity(r, seeds, key):
+    """Plays ``seeds`` with the compiled roller ``r`` and with the host loop on the same model, library, guards
+    and keys; asserts equal traces (every field the host writes but ``logp``, which agrees to float32 error),
+    returns and trajectories. Returns ``(compiled, host)`` results."""
     pol = rollout.LLMPolicy(r.model, r.tok, r.game, r.cfg)
     host = rollout.Roller(r.game, r.env, r.lib, r.guards, pol, menu_seed=0)
-    key = jax.random.PRNGKey(9)
-    a = r.collect([31, 32], key)
-    b = host.collect([31, 32], key)
+    a = r.collect(seeds, key)
+    b = host.collect(seeds, key)
     assert len(a.traces) == len(b.traces) > 0
     for x, y in zip(a.traces, b.traces):
         for f in (
@@ -326,3 +325,31 @@ def test_host_loop_parity(cu_padded):
     np.testing.assert_array_equal(a.returns, b.returns)
     for k in ("positions", "rewards", "alive", "options", "actions"):
         np.testing.assert_array_equal(a.traj[k], b.traj[k], err_msg=k)
+    return a, b
+
+
+def test_host_loop_parity(cu_padded):
+    """The host loop (Python menus, prompts and tokenizer per wave) is the compiled rollout's reference: with
+    the same keys both play the same episodes -- prompts, letters, options and outcomes."""
+    _assert_host_parity(cu_padded, [31, 32], jax.random.PRNGKey(9))
+
+
+@pytest.mark.parametrize("game, steps", [("cleanup", 3), ("overcooked_aa", 4)])
+def test_host_loop_parity_native(game, steps):
+    """The native interface (paper §4: primitive actions as a fixed-letter menu, no guards) in the compiled
+    rollout plays the host loop's episodes: the same native prompts (layout hint, "actions" memory), the letters
+    in the simulator's order, one decision per present agent per env step (one wave per step)."""
+    from jaxopt_marl import interfaces
+
+    r = _roller(game, "choice_only", chunks=cr.ChunkConfig.single(4), steps=steps, interface="native")
+    assert isinstance(r.lib, interfaces.NativeLibrary) and r.guards.opt.shape[0] == 0
+    a, _ = _assert_host_parity(r, [5, 6], jax.random.PRNGKey(4))
+    actions = interfaces.native_actions(game)
+    present = np.concatenate([np.ones_like(a.traj["alive"][:, :1]), a.traj["alive"][:, :-1]], axis=1)
+    assert a.num_decisions == int(present.sum()) and a.waves == steps  # call ratio 1: a wave per env step
+    for t in a.traces:
+        assert t["interface"] == "native" and t["n_letters"] == len(actions) and t["parse"] == "ok"
+        assert t["menu"] == [f"{c}) {name} ({what})" for c, (name, what) in zip("ABCDEFGHI", actions)]
+        assert a.traj["actions"][t["rollout"], t["step"], t["aid"]] == r.lib.option_names.index(t["option"])
+        assert "\nLayout: " in t["prompt"] and "- Last 5 actions: " in t["prompt"]
+    assert "primitive action" in a.traces[0]["prompt_text"]  # the native system turn

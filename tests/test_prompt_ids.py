@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import envs_jax
-from jaxopt_marl import macro, menus, options, prompt_ids, prompts
+from jaxopt_marl import interfaces, macro, menus, options, prompt_ids, prompts
 from jaxopt_marl.options.harvest import HarvestOptions
 from jaxopt_marl.rollout import smollm2_tokenizer
 from lora.tokenizer import _pre_tokenizer, render_chat
@@ -457,3 +457,61 @@ def test_variant_device_ids_equal_host_tokenization(game, library, tok):
     _, lib = _setup(game, library)
     label = options.LIBRARIES[game][library]["labels"][lib.option_names[0]]
     assert label.split(" ")[0] in "".join(refs["sample"])  # the variant's own phrasing is on the menus
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The native interface (paper §4)
+# ---------------------------------------------------------------------------------------------------------
+
+#: Random decisions per game under the native interface (each in both modes). The template is the menu's but for
+#: the system turn, the layout hint, the memory noun and the fixed action menu, so fewer suffice.
+NATIVE_DECISIONS = 150
+
+
+@functools.cache
+def _native_ids(game, mode):
+    env, lib = _setup(game)
+    tok = smollm2_tokenizer()
+    return prompt_ids.PromptIds(game, env, lib, tok, mode=mode, max_steps=MAX_STEPS, interface=interfaces.NATIVE)
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_native_device_ids_equal_host_tokenization(game, tok):
+    """Native decisions (the NativeLibrary's fixed-letter menu, memories of actions) on the random states of
+    :func:`test_device_ids_equal_host_tokenization`: device ids == tok(render_chat(native system, the host's
+    :func:`jaxopt_marl.interfaces.user_message`)) with the native system turn stripped (+ the choice_only
+    response prefix), in both modes; the layout hint line is the host's for the agent's cell."""
+    rng = np.random.default_rng(200 + GAMES.index(game))
+    states, aids, _, _, _, mems = _decisions(game, rng, NATIVE_DECISIONS)
+    builders = [_native_ids(game, m) for m in prompt_ids.MODES]
+    nlib = builders[0].lib
+    assert isinstance(nlib, interfaces.NativeLibrary)
+    # The random memories as native codes: each action, or idle.
+    codes = np.asarray(mems.macros)
+    mems = mems._replace(macros=jnp.asarray(np.where(codes >= 0, codes % (prompt_ids.IDLE_CODE(nlib) + 1), -1)))
+
+    def one(s, a, mem):
+        inst = nlib.instances(s, a)
+        let = interfaces.fixed_letters(inst.valid, jnp)
+        return inst, let, [p.suffix(s, a, inst, let, mem) for p in builders]
+
+    inst, letters, outs = jax.tree.map(np.asarray, _run(jax.vmap(one), states, aids, mems))
+    host_states = jax.tree.map(np.asarray, states)
+    refs = builders[0].reference_by_mode(host_states, np.asarray(aids), inst, letters, mems)
+    bad = [_compare(p, tok, refs[p.mode], ids, n) for p, (ids, n) in zip(builders, outs)]
+    assert bad == [0, 0]
+    sys_text = interfaces.system_message(game, interfaces.NATIVE)
+    assert all(p.system == sys_text and sys_text in p.prefix_text for p in builders)
+    # The text has the native pieces, and the hints vary with the cell where the game's hint does.
+    texts = refs["choice_only"]
+    actions = interfaces.native_actions(game)
+    menu = "\n".join([menus.MENU_HEADER] + [f"{c}) {n} ({w})" for c, (n, w) in zip(menus.LETTERS, actions)])
+    snap = prompt_ids._snapshot_fn(game, builders[0].env)(host_states)
+    hints = set()
+    for b, t in enumerate(texts):
+        hint = interfaces.layout_hint(game, prompts.take(snap, b), int(aids[b]), nlib)
+        hints.add(hint)
+        assert f"\n{hint}\nStep " in t and f"\n\n{menu}\n\nChoose one." in t
+    assert any("- Last 5 actions: none\n" in t for t in texts)
+    assert any(re.search(r"- Last 5 actions: (\w+, ){4}\w+\n", t) for t in texts)
+    assert len(hints) >= (1 if prompts.family(game) == "overcooked" else 3)
