@@ -67,7 +67,6 @@ from jaxopt_marl import progress as progress_lib
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
 from jaxopt_marl.train_step import DecisionBatch
 from lora import sampling
-from lora.model import KVCache
 from lora.tokenizer import render_chat, stop_token_ids
 
 #: Outcome codes of a decision besides the records' (0 success, 1 effect_fail, 2 + k explicit reason k):
@@ -428,7 +427,7 @@ class CompiledRoller:
         """The LLM on one chunk of rows. ``choice_only``: ``(letter logits float32[s, 26],)``; ``sample``:
         ``(tokens int32[s, M], mask bool[s, M], logp float32[s])`` (log-prob at the temperature)."""
         cfg = self.cfg
-        cache = kv.take(jnp.where(adapter >= 0, adapter, kv.k.shape[1] - 1))
+        cache = kv.take(jnp.where(adapter >= 0, adapter, kv.rows - 1))
         if cfg.mode == "choice_only":
             logits = sampling.next_token_logits(model, ids, mask, agent_ids=adapter, cache=cache)
             return (logits[:, jnp.asarray(self.letter_ids)],)
@@ -521,7 +520,7 @@ class CompiledRoller:
         model = nnx.merge(self.graphdef, adapters, base)
         n_ad = model.lora_cfg.num_adapters
         # The shared system turn's K/V, once per adapter and once adapters-off (row n_ad).
-        kv = KVCache.prefill(
+        kv = model.cache_type.prefill(
             model,
             self.prompt.prefix_ids,
             jnp.concatenate([jnp.arange(n_ad, dtype=jnp.int32), jnp.full((1,), -1, jnp.int32)]),

@@ -66,7 +66,7 @@ from jax.sharding import PartitionSpec as P
 from jaxopt_marl import magrpo
 from jaxopt_marl import progress as progress_lib
 from lora import sampling
-from lora.model import Decoder, KVCache
+from lora.model import Decoder
 
 # Mesh axis over decisions.
 DATA_AXIS = "data"
@@ -242,12 +242,12 @@ def pack_decisions(
     )
 
 
-def prefix_kv(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(k, v)`` of :meth:`lora.model.KVCache.prefill` (one row per adapter id, -1 = adapters off), each
-    [L, R, K, P, H]: the floats of the prefix cache, which the update differentiates through
-    (:meth:`lora.model.KVCache.full` rebuilds the cache)."""
-    cache = KVCache.prefill(model, prefix, adapter_rows)
-    return cache.k, cache.v
+def prefix_kv(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array) -> tuple:
+    """The float leaves of the prefix cache (``model.cache_type.prefill``: one row per adapter id, -1 = adapters
+    off), which the update differentiates through, and ``model.cache_type.full`` rebuilds the cache from:
+    :class:`lora.model.KVCache`'s ``(k, v)``, each [L, R, K, P, H]; :class:`lora.backbones.LayerCache`'s
+    ``(k, v, conv, state)`` per layer (Gemma 4 / Qwen3.5)."""
+    return model.cache_type.prefill(model, prefix, adapter_rows).floats()
 
 
 def sequence_logprobs(
@@ -256,7 +256,7 @@ def sequence_logprobs(
     adapter_ids: jax.Array,
     dropout_key: jax.Array | None = None,
     temperature: float | jax.Array = 1.0,
-    prefix_kv: tuple[jax.Array, jax.Array] | None = None,
+    prefix_kv: tuple | None = None,
     prefix_rows: jax.Array | None = None,
 ) -> jax.Array:
     """Summed log-prob of each decision's response tokens, float32[D].
@@ -284,7 +284,7 @@ def sequence_logprobs(
     if batch.prefix:
         if prefix_kv is None or prefix_rows is None:
             raise ValueError("a batch with a shared prefix needs prefix_kv and prefix_rows")
-        cache = KVCache.full(*prefix_kv).take(prefix_rows)
+        cache = model.cache_type.full(*prefix_kv).take(prefix_rows)
     tp = t - tr
     # The response columns' attention is their response mask in every packed batch (pack_decisions, _batch).
     mask = batch.response_mask[:, tp:] & batch.attention_mask[:, tp:]

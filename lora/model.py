@@ -14,6 +14,12 @@ through ``agent_ids: int32[B]``; ``agent_ids=None`` (or a row id < 0) is the fro
 Layers are stacked on a leading layer axis and applied with ``jax.lax.scan`` so a 30-layer model
 compiles once per shape, not 30 times.
 
+The model protocol the rest of the system calls (sampling, the rollouts, the train step), shared by
+:class:`Decoder` and :class:`lora.backbones.LayerwiseDecoder` (Gemma 4, Qwen3.5): ``hidden``, ``logits``,
+``__call__``, ``step``, the attributes ``cfg``, ``lora_cfg``, ``dtype``, and ``cache_type``, the cache class with
+``prefill(model, prefix_ids, agent_ids)``, ``full(*floats)``, ``floats()``, ``take``, ``broadcast``, ``grow``,
+``size`` and ``rows`` (:class:`KVCache` here).
+
 Einsum letters: B batch, T query time, S key slots, D model width, K kv heads, G query heads per kv
 head, H head width, F MLP width, V vocabulary, N agents, R LoRA rank, L layers.
 """
@@ -124,6 +130,15 @@ class KVCache:
             next_pos=jnp.full((b,), p, jnp.int32),
             index=jnp.asarray(p, jnp.int32),
         )
+
+    def floats(self) -> tuple[jax.Array, jax.Array]:
+        """``(k, v)``: the float leaves a prefix cache is differentiated through (:meth:`full` rebuilds it)."""
+        return self.k, self.v
+
+    @property
+    def rows(self) -> int:
+        """B, the batch rows."""
+        return self.k.shape[1]
 
     def take(self, rows: jax.Array) -> KVCache:
         """The cache of batch rows int32[B] (e.g. each decision's row of a per-adapter prefix)."""
@@ -593,6 +608,9 @@ class Decoder(nnx.Module):
             input_ids, attention_mask=attention_mask, agent_ids=agent_ids, cache=cache, cache_size=cache_size
         )
         return self.logits(h[:, -1]), cache
+
+    #: The cache this model reads and writes (:class:`lora.backbones.LayerwiseDecoder` has its ``LayerCache``).
+    cache_type = KVCache
 
 
 def trainable_filter():

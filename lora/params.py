@@ -176,7 +176,12 @@ def fill_base(graphdef, lora_state, base_state, arrays: dict[str, np.ndarray], *
 
 
 def export_hf_weights(model: Decoder) -> dict[str, np.ndarray]:
-    """Inverse of the key map: the base weights as HF-named float32 arrays in HF layout."""
+    """Inverse of the key map: the base weights as HF-named float32 arrays in HF layout (a Gemma 4 / Qwen3.5
+    :class:`lora.backbones.LayerwiseDecoder`: :func:`lora.backbones.export_layerwise_weights`)."""
+    if model.cfg.layerwise:
+        from lora.backbones import export_layerwise_weights
+
+        return export_layerwise_weights(model)
     _, _, base = nnx.split(model, LoRAParam, ...)
     pure = nnx.to_pure_dict(base)
     out = {}

@@ -3,8 +3,10 @@
 PEFT names (peft ``tuners/lora/layer.py``, ``utils/save_and_load.py``): for a ``LlamaForCausalLM``
 wrapped by ``PeftModel``, ``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`` is
 [r, in] and ``...lora_B.weight`` is [out, r]; the update is ``(lora_alpha / r) * B @ A``. Our
-``lora_a`` [L, N, in, r] / ``lora_b`` [L, N, r, out] are transposed slices of the same matrices, and
-the base is in HF row order (GGUF Q/K are un-permuted at load), so the adapter applies unchanged.
+``lora_a`` [L, N, in, r] / ``lora_b`` [L, N, r, out] (per layer [N, in, r] / [N, r, out] in
+:class:`lora.backbones.LayerwiseDecoder`: Gemma 4, Qwen3.5, whose ``Gemma4ForCausalLM`` / ``Qwen3_5ForCausalLM``
+use the same module names) are transposed slices of the same matrices, and the base is in HF row order (GGUF Q/K
+are un-permuted at load), so the adapter applies unchanged.
 """
 
 from __future__ import annotations
@@ -29,8 +31,34 @@ _MODULE_PREFIX = {
 }
 
 
+def _adapter_slots(pure: dict) -> list[tuple[str, dict, tuple[int, ...]]]:
+    """Every adapted projection of an adapter pure dict: ``(PEFT module stem, its {lora_a, lora_b} leaves, index of
+    its matrices before the agent axis)``.
+
+    :class:`lora.model.Decoder` stacks layers (``blocks.<module>``, leaves [L, N, ...]: index ``(layer,)``);
+    :class:`lora.backbones.LayerwiseDecoder` lists them (``layers.<i>.<module>`` for attention,
+    ``layers.<i>.mlp.<module>``, leaves [N, ...]: index ``()``). The stems are the ``*ForCausalLM`` module names
+    (transformers ``LlamaForCausalLM``, ``Gemma4ForCausalLM``, ``Qwen3_5ForCausalLM``: ``model.layers.{i}.self_attn``
+    / ``.mlp``), wrapped by PEFT's ``base_model.model.``.
+    """
+    slots = []
+    if "blocks" in pure:
+        for module, leaves in pure["blocks"].items():
+            for layer in range(np.shape(leaves["lora_a"])[0]):
+                stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
+                slots.append((stem, leaves, (layer,)))
+        return slots
+    for layer, modules in sorted(pure.get("layers", {}).items(), key=lambda kv: int(kv[0])):
+        flat = {**{m: v for m, v in modules.items() if m != "mlp"}, **modules.get("mlp", {})}
+        for module, leaves in sorted(flat.items()):
+            stem = f"base_model.model.model.layers.{int(layer)}.{_MODULE_PREFIX[module]}.{module}"
+            slots.append((stem, leaves, ()))
+    return slots
+
+
 def adapter_tensors(model: Decoder, agent: int) -> dict[str, np.ndarray]:
-    """PEFT-named float32 tensors of adapter ``agent``.
+    """PEFT-named float32 tensors of adapter ``agent`` (``lora_A.weight`` [r, in], ``lora_B.weight`` [out, r]) of
+    either model class (:func:`_adapter_slots`).
 
     Raises:
       ValueError: if the model has no adapters or ``agent`` is out of range.
@@ -40,15 +68,12 @@ def adapter_tensors(model: Decoder, agent: int) -> dict[str, np.ndarray]:
         raise ValueError("model has no LoRA adapters to export")
     if not 0 <= agent < cfg.num_adapters:
         raise ValueError(f"agent {agent} out of range [0, {cfg.num_adapters})")
-    pure = nnx.to_pure_dict(nnx.state(model, LoRAParam))["blocks"]
     out = {}
-    for module, leaves in pure.items():
-        a = np.asarray(leaves["lora_a"], np.float32)[:, agent]  # [L, in, r]
-        b = np.asarray(leaves["lora_b"], np.float32)[:, agent]  # [L, r, out]
-        for layer in range(a.shape[0]):
-            stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
-            out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
-            out[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
+    for stem, leaves, idx in _adapter_slots(nnx.to_pure_dict(nnx.state(model, LoRAParam))):
+        a = np.asarray(leaves["lora_a"], np.float32)[idx + (agent,)]  # [in, r]
+        b = np.asarray(leaves["lora_b"], np.float32)[idx + (agent,)]  # [r, out]
+        out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a.T)
+        out[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b.T)
     return out
 
 
@@ -133,11 +158,20 @@ def export_hf_base(model: Decoder, directory: str) -> str:
 
     Returns:
       The directory written.
+
+    Raises:
+      ValueError: a Gemma 4 / Qwen3.5 model (no writer of their config.json).
     """
     from safetensors.numpy import save_file
 
     from lora.params import export_hf_weights
 
+    if model.cfg.layerwise:
+        raise ValueError(
+            f"export_hf_base: no config.json writer for architecture {model.cfg.architecture!r}; the base of a "
+            "Gemma 4 / Qwen3.5 adapter is the HF directory the model was loaded from (pass it to export_peft as "
+            "base_model_name_or_path)"
+        )
     os.makedirs(directory, exist_ok=True)
     save_file(export_hf_weights(model), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
@@ -157,17 +191,15 @@ def load_peft(model: Decoder, agent: int, directory: str) -> None:
     tensors = load_file(path)
     state = nnx.state(model, LoRAParam)
     pure = nnx.to_pure_dict(state)
-    for module, leaves in pure["blocks"].items():
+    for stem, leaves, idx in _adapter_slots(pure):
         a, b = np.array(leaves["lora_a"]), np.array(leaves["lora_b"])
-        for layer in range(a.shape[0]):
-            stem = f"base_model.model.model.layers.{layer}.{_MODULE_PREFIX[module]}.{module}"
-            try:
-                a[layer, agent] = tensors[f"{stem}.lora_A.weight"].T
-                b[layer, agent] = tensors[f"{stem}.lora_B.weight"].T
-            except KeyError as exc:
-                raise ValueError(f"{path}: missing {exc.args[0]}") from exc
-            except ValueError as exc:
-                raise ValueError(f"{path}: {stem}: {exc}") from exc
+        try:
+            a[idx + (agent,)] = tensors[f"{stem}.lora_A.weight"].T
+            b[idx + (agent,)] = tensors[f"{stem}.lora_B.weight"].T
+        except KeyError as exc:
+            raise ValueError(f"{path}: missing {exc.args[0]}") from exc
+        except ValueError as exc:
+            raise ValueError(f"{path}: {stem}: {exc}") from exc
         leaves["lora_a"], leaves["lora_b"] = a, b
     nnx.replace_by_pure_dict(state, pure)
     nnx.update(model, state)

@@ -149,7 +149,8 @@ def prefill_prefix(graphdef, state, prefix_ids, agent_ids=None, *, capacity: int
     Returns:
       KVCache with N rows (1 without ``agent_ids``), ``index = P``.
     """
-    return KVCache.prefill(nnx.merge(graphdef, state), prefix_ids, agent_ids, capacity=capacity)
+    model = nnx.merge(graphdef, state)
+    return model.cache_type.prefill(model, prefix_ids, agent_ids, capacity=capacity)
 
 
 class Generation(NamedTuple):
