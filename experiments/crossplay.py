@@ -121,16 +121,23 @@ def teams(num_runs: int, num_agents: int) -> list[Team]:
     return out
 
 
+#: The agent axis of a stacked LoRA leaf, counted from the end: ``[..., N, in, rank]`` / ``[..., N, rank, out]``.
+AGENT_AXIS = -3
+
+
 def assemble(sources: Sequence, seats: Sequence[tuple[int, int]]):
     """The stacked adapters of a team: leaf ``x`` of the result is ``stack([sources[r].x[k] for r, k in seats])``.
 
     Args:
-        sources: one adapter pytree per run, every leaf stacked over that run's agents on axis 0 (``lora_a``
-            float32[N, in, rank], ``lora_b`` float32[N, rank, out]); all with the same structure and shapes.
+        sources: one adapter pytree per run, every leaf stacked over that run's agents on its third axis from
+            the end (:data:`AGENT_AXIS`: ``lora_a`` float32[..., N, in, rank], ``lora_b`` float32[..., N, rank,
+            out]; the leading axes are the layers of :class:`lora.Decoder`'s scanned blocks, none for
+            :class:`lora.backbones.LayerwiseDecoder`); all with the same structure and shapes.
         seats: per seat j, ``(run, agent)``: seat j plays adapter ``agent`` of ``sources[run]``.
 
     Returns:
-        A pytree of ``sources[0]``'s structure whose leaves are [len(seats), ...]: row j is seat j's adapter.
+        A pytree of ``sources[0]``'s structure whose leaves have ``len(seats)`` on the agent axis: entry j is seat
+        j's adapter (every layer of it).
 
     Raises:
         ValueError: a seat names a run or agent that does not exist (named).
@@ -141,10 +148,14 @@ def assemble(sources: Sequence, seats: Sequence[tuple[int, int]]):
     for j, (r, k) in enumerate(seats):
         if not 0 <= r < len(sources):
             raise ValueError(f"seat {j}: run {r} is outside 0..{len(sources) - 1}")
-        n = jax.tree.leaves(sources[r])[0].shape[0]
+        n = jax.tree.leaves(sources[r])[0].shape[AGENT_AXIS]
         if not 0 <= k < n:
             raise ValueError(f"seat {j}: agent {k} is outside 0..{n - 1} (run {r} has {n} adapters)")
-    return jax.tree.map(lambda *leaves: jnp.stack([leaves[r][k] for r, k in seats]), *sources)
+
+    def seat_stack(*leaves):
+        return jnp.stack([jnp.take(leaves[r], k, axis=AGENT_AXIS) for r, k in seats], axis=leaves[0].ndim + AGENT_AXIS)
+
+    return jax.tree.map(seat_stack, *sources)
 
 
 # -- runs -----------------------------------------------------------------------------------------------------

@@ -40,6 +40,28 @@ def test_assemble_puts_each_agents_adapter_in_its_seat():
         X.assemble(src, [(2, 0), (0, 1), (0, 2)])
 
 
+def test_assemble_takes_the_agent_axis_under_the_decoders_layer_axis():
+    """lora.Decoder stacks its blocks: a leaf is [L, N, in, rank], the agent axis under the layers. A seat takes
+    its agent's adapter in every layer (with L = N = 2, as in the tiny model, a wrong axis would mix layers and keep
+    the shapes)."""
+    import jax
+    from flax import nnx
+
+    from lora import Decoder, LoRAConfig, ModelConfig, split_model
+
+    cfg = ModelConfig.tiny()
+    srcs = []
+    for r in range(2):
+        _, a, _ = split_model(Decoder(cfg, LoRAConfig(num_adapters=2, rank=2), rngs=nnx.Rngs(r)))
+        a = jax.tree.map(lambda x, r=r: np.random.RandomState(r).normal(size=x.shape).astype(np.float32), a)
+        srcs.append(a)
+    team = X.assemble(srcs, [(1, 0), (0, 1)])
+    for t, a, b in zip(jax.tree.leaves(team), jax.tree.leaves(srcs[0]), jax.tree.leaves(srcs[1])):
+        assert t.shape == a.shape and t.shape[0] == cfg.num_layers == 2
+        np.testing.assert_array_equal(np.asarray(t)[:, 0], b[:, 0])  # seat 0: run 1's agent 0, every layer
+        np.testing.assert_array_equal(np.asarray(t)[:, 1], a[:, 1])  # seat 1: run 0's agent 1
+
+
 def test_teams():
     ts = X.teams(3, 7)
     kinds = [t.kind for t in ts]
