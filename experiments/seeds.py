@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from experiments import split
@@ -349,50 +348,20 @@ def main(argv: list[str] | None = None) -> Path:
     for s in mine:
         args.seed = s
         cfgs[s] = config_from_args(args.game, args, run_dir=seed_dir(out, s))  # --resume: keeps the drawn library
-    started = time.time()
     fingerprint = launch_fingerprint(seeds, num, cfgs[mine[0]])
-    if num > 1:
-        split.clear(out, pid)  # a stale file of an earlier launch must not satisfy process 0's barrier
-    error = None
-    try:
+    with split.marked(out, num, pid, mine, fingerprint) as started:
         todo = plan(out, cfgs, args.resume, args.force)  # a refusal is this process's failure, marked
         print(
             f"experiments.seeds {args.game}: seeds {seeds[0]}..{seeds[-1]} -> {out}"
             + (f" (process {pid} of {num}: seeds {mine})" if num > 1 else "")
         )
-        from jaxopt_marl.pipeline import run
-
-        for s in mine:
-            d = seed_dir(out, s)
-            print(f"== seed {s} ({cfgs[s].library} library): {todo[s]} -> {d}", flush=True)
-            if todo[s] == "skip":
-                continue
-            run(
-                cfgs[s],
-                d,
-                resume=todo[s] == "resume",
-                force=todo[s] == "force",
-                keep_checkpoints=args.keep_checkpoints,
-            )
-    except BaseException as e:
-        error = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        if num > 1:
-            split.mark(out, pid, mine, error, fingerprint, started)
+        runs = {s: (f"seed {s} ({cfgs[s].library} library)", seed_dir(out, s), cfgs[s]) for s in mine}
+        split.run_each(runs, todo, args.keep_checkpoints)
     if pid != 0:
         return out
-    if num > 1:
-        from jaxopt_marl.distributed import LONG_WAIT
-
-        split.barrier(
-            out, num, LONG_WAIT, fingerprint, started - settings.timeout, tool="experiments.seeds", what="seeds"
-        )
+    split.gather(out, num, fingerprint, started, settings, tool="experiments.seeds", what="seeds")
     every, left_out = covered(out, cfgs[mine[0]], seeds)
     s = summarize(out, every, seeds, left_out)
-    if num > 1:
-        for p in range(num):
-            split.clear(out, p)
     t = s["across_seeds"]["trained"]
     print(
         f"across {len(every)} seeds ({', '.join(map(str, every))}): trained {_pm(t)} {s['units']}"

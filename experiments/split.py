@@ -18,6 +18,7 @@ settings, or started before that window) is ignored, and a stale ``"ok": false``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -118,6 +119,72 @@ def barrier(
     for p, d in recs.items():
         if not d["ok"]:
             raise RuntimeError(f"{tool}: process {p} ({what} {d['items']}) failed: {d['error']}")
+
+
+@contextlib.contextmanager
+def marked(out: Path, num_processes: int, p: int, items: list, fp: str):
+    """Runs a process's share between its completion-file updates: clears process ``p``'s stale file (a file of
+    an earlier launch must not satisfy process 0's barrier), yields the share's start time (``time.time()``), then
+    marks the share done, or failed with the exception's text (which propagates). Nothing is written for one
+    process."""
+    started = time.time()
+    if num_processes > 1:
+        clear(out, p)
+    error = None
+    try:
+        yield started
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        if num_processes > 1:
+            mark(out, p, items, error, fp, started)
+
+
+def run_each(runs: dict, todo: dict[str, str], keep_checkpoints: bool) -> dict:
+    """Plays a process's share of independent pipeline runs in order.
+
+    Args:
+        runs: key -> ``(heading, run_dir, RunConfig)``, printed as ``== heading: plan -> run_dir``.
+        todo: key -> the plan, ``skip`` / ``resume`` / ``force`` / ``start`` (``experiments.seeds.plan_runs``).
+        keep_checkpoints: passed to :func:`jaxopt_marl.pipeline.run`.
+
+    Returns:
+        key -> wall seconds of each run played (skipped runs are absent).
+    """
+    from jaxopt_marl.pipeline import run
+
+    seconds = {}
+    for k, (heading, d, cfg) in runs.items():
+        print(f"== {heading}: {todo[k]} -> {d}", flush=True)
+        if todo[k] == "skip":
+            continue
+        t0 = time.perf_counter()
+        run(cfg, d, resume=todo[k] == "resume", force=todo[k] == "force", keep_checkpoints=keep_checkpoints)
+        seconds[k] = time.perf_counter() - t0
+        print(f"{heading}: {seconds[k]:.0f} s", flush=True)
+    return seconds
+
+
+def gather(out: Path, num_processes: int, fp: str, started: float, settings, *, tool: str, what: str) -> None:
+    """Process 0, its share done: waits for every process's share of this launch (:func:`barrier`, at most
+    :data:`jaxopt_marl.distributed.LONG_WAIT`), then deletes the completion files. Nothing for one process.
+
+    Args:
+        started: when process 0's share began (:func:`marked`); a completion file written more than the launch's
+            ``settings.timeout`` seconds (the coordinator's window, :func:`settings_of`) before it is an earlier
+            launch's.
+
+    Raises:
+        RuntimeError: from :func:`barrier`.
+    """
+    if num_processes == 1:
+        return
+    from jaxopt_marl.distributed import LONG_WAIT
+
+    barrier(out, num_processes, LONG_WAIT, fp, started - settings.timeout, tool=tool, what=what)
+    for p in range(num_processes):
+        clear(out, p)
 
 
 def settings_of(args, tool: str, what: str):

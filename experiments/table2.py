@@ -89,7 +89,6 @@ import copy
 import dataclasses
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -717,44 +716,19 @@ def run_grid(argv: list[str] | None = None) -> tuple[Path, dict[str, float]]:
     preflight.check_out_dir(out)
     cfgs = {c.name: cell_config(c, args.game, args, cell_dir(out, c.name)) for c in CELLS}
     runs = {c: (f"cell {c}", cell_dir(out, c), cfgs[c]) for c in mine}
-    started = time.time()
     fingerprint = launch_fingerprint(cells, num, cfgs)
-    if num > 1:
-        split.clear(out, pid)  # a stale file of an earlier launch must not satisfy process 0's barrier
-    seconds, error = {}, None
-    try:
+    seconds = {}
+    with split.marked(out, num, pid, mine, fingerprint) as started:
         todo = plan_runs(runs, args.resume, args.force, "cell")  # a refusal is this process's failure, marked
         print(
             f"experiments.table2 {args.game}: cells {', '.join(cells)} -> {out}"
             + (f" (process {pid} of {num}: cells {', '.join(mine)})" if num > 1 else "")
         )
-        from jaxopt_marl.pipeline import run
-
-        for c in mine:
-            d = cell_dir(out, c)
-            print(f"== cell {c} ({BY_NAME[c].row}): {todo[c]} -> {d}", flush=True)
-            if todo[c] == "skip":
-                continue
-            t0 = time.perf_counter()
-            run(
-                cfgs[c], d, resume=todo[c] == "resume", force=todo[c] == "force", keep_checkpoints=args.keep_checkpoints
-            )
-            seconds[c] = time.perf_counter() - t0
-            print(f"cell {c}: {seconds[c]:.0f} s", flush=True)
-    except BaseException as e:
-        error = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        if num > 1:
-            split.mark(out, pid, mine, error, fingerprint, started)
+        headed = {c: (f"cell {c} ({BY_NAME[c].row})", d, cfg) for c, (_, d, cfg) in runs.items()}
+        seconds = split.run_each(headed, todo, args.keep_checkpoints)
     if pid != 0:
         return out, seconds
-    if num > 1:
-        from jaxopt_marl.distributed import LONG_WAIT
-
-        split.barrier(out, num, LONG_WAIT, fingerprint, started - settings.timeout, tool=TOOL, what="cells")
-        for p in range(num):
-            split.clear(out, p)
+    split.gather(out, num, fingerprint, started, settings, tool=TOOL, what="cells")
     s = summarize(out, args.game, cfgs)
     for name, r in s["cells"].items():
         t = r["team_return"]
