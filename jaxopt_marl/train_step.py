@@ -46,10 +46,10 @@ Design choices:
 - *Progress.* ``make_train_step(..., progress=True)`` compiles one host tick per micro-batch into ``prepare``'s
   scoring and ``update``'s accumulation (:func:`jax.debug.callback`, after the micro-batch's outputs exist);
   the host counts the ticks into the tqdm bar routed by :func:`jaxopt_marl.progress.route` (nothing when none is;
-  on a mesh, once per micro-batch from the first device, process 0's, as a callback outside shard_map). The update
-  is one program (epochs and minibatches are scanned), so a host loop could only tick per call, and the CPU
-  preset's update is one epoch of one minibatch: per-micro-batch ticks are the only granularity that shows
-  progress there. A tick reads nothing the update computes with and returns nothing, so the numerics are
+  on a mesh, once per micro-batch from its first device, process 0's, where the unsharded program's callbacks
+  run). The update is one program (epochs and minibatches are scanned), so a host loop could only tick per
+  call, and the CPU preset's update is one epoch of one minibatch: per-micro-batch ticks are the only
+  granularity that shows progress there. A tick reads nothing the update computes with and returns nothing, so the numerics are
   unchanged (tested bit for bit against ``progress=False``); it costs one host call per micro-batch. Programs
   with host callbacks are never written to JAX's persistent compilation cache, so such an update recompiles
   in every new process; ``progress=False`` (the default: benchmarks, tests) compiles none.
@@ -414,8 +414,9 @@ def ordered_sum(tree: Any, axis_name: str, axis_size: int) -> Any:
     ``axis_size`` and split into ``axis_size`` slices; an ``all_to_all`` gives device j slice j of every device's
     vector (a reduce-scatter's traffic), device j adds them in device order with explicit adds, and a tiled
     ``all_gather`` returns the summed slices to every device (an all-gather's). Same traffic as a ring
-    all-reduce, about one extra copy of the tree in memory, and the result is the same bits whichever way the
-    devices are split over processes. The output is replicated (invariant over ``axis_name``)."""
+    all-reduce, a few transient copies of the tree (the flat vector, the exchanged slices, the gathered sum: the
+    adapters' size, not the activations'), and the result is the same bits whichever way the devices are split
+    over processes. The output is replicated (invariant over ``axis_name``)."""
     leaves, treedef = jax.tree.flatten(tree)
     out: list = [None] * len(leaves)
     for dtype in sorted({x.dtype for x in leaves}, key=str):
