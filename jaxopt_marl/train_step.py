@@ -49,10 +49,10 @@ Design choices:
   on a mesh, once per micro-batch from its first device, process 0's, where the unsharded program's callbacks
   run). The update is one program (epochs and minibatches are scanned), so a host loop could only tick per
   call, and the CPU preset's update is one epoch of one minibatch: per-micro-batch ticks are the only
-  granularity that shows progress there. A tick reads nothing the update computes with and returns nothing, so the numerics are
-  unchanged (tested bit for bit against ``progress=False``); it costs one host call per micro-batch. Programs
-  with host callbacks are never written to JAX's persistent compilation cache, so such an update recompiles
-  in every new process; ``progress=False`` (the default: benchmarks, tests) compiles none.
+  granularity that shows progress there. A tick reads nothing the update computes with and returns nothing,
+  so the numerics are unchanged (tested bit for bit against ``progress=False``); it costs one host call per
+  micro-batch. Programs with host callbacks are never written to JAX's persistent compilation cache, so such
+  an update recompiles in every new process; ``progress=False`` (the default: benchmarks, tests) compiles none.
 - *Token layout.* Each decision is one row ``[prompt, left-padded | response, right-padded]`` of
   ``tokens: int32[D, T]``; the response occupies the last ``response_len`` columns, so only those
   columns go through the vocabulary head (:func:`lora.sampling.continuation_logprobs`).
