@@ -27,23 +27,32 @@ Design choices:
   adapter ids instead of -1), and the first step uses its value with the live pass's gradient
   (``logp_old + live - stop_gradient(live)``): rho = 1 exactly there too.
 - *Sharding.* A :class:`jax.sharding.Mesh` with one axis ``"data"`` over decisions: the batch is split
-  along D, adapters / base / optimizer state are replicated, and XLA all-reduces the loss sums. The same
-  function runs on one CPU device and on many; D must be a multiple of the device count times the
-  minibatch count (:func:`pack_decisions` pads with invalid decisions).
+  along D, adapters / base / optimizer state are replicated. The same function runs on one CPU device and on
+  many; D must be a multiple of the device count times the minibatch count (:func:`pack_decisions` pads with
+  invalid decisions). On several devices each step's forward/backward runs per device
+  (:func:`jax.shard_map`): every device sums the gradient (adapters and prefix K/V) and the metrics over its
+  own rows of every micro-batch, with the whole minibatch's per-agent counts as the loss's denominators, so
+  each device's sums are linear pieces of the minibatch's. The devices' partial sums are then added in device
+  order (:func:`ordered_sum`: an all-to-all, ordered adds, an all-gather), not by an all-reduce, whose order
+  is the collective's own (XLA's in-process CPU all-reduce and gloo's cross-process one differ, issue #17):
+  the update's bits depend on the mesh alone, not on how its devices are split over processes. The prefix
+  pull-back, the per-agent norms and the optimizer then run replicated.
 - *Memory.* ``MAGRPOConfig.micro_batch`` splits each optimizer step's forward/backward into chunks
   whose gradients are summed (weights use the whole minibatch's per-agent counts, so the step is the
   same up to rounding); each chunk must also split evenly over the devices. A chunk of padding rows
-  only is skipped (``lax.cond``), so a decision count rounded up to a coarse bucket -- fewer distinct
-  shapes, fewer compiles -- costs no extra forward or backward.
+  only is skipped (``lax.cond``; per device: a device whose rows of the chunk are padding skips it), so a
+  decision count rounded up to a coarse bucket -- fewer distinct shapes, fewer compiles -- costs no extra
+  forward or backward.
 - *Progress.* ``make_train_step(..., progress=True)`` compiles one host tick per micro-batch into ``prepare``'s
   scoring and ``update``'s accumulation (:func:`jax.debug.callback`, after the micro-batch's outputs exist);
-  the host counts the ticks into the tqdm bar routed by :func:`jaxopt_marl.progress.route` (nothing when none is). The update
-  is one program (epochs and minibatches are scanned), so a host loop could only tick per call, and the CPU
-  preset's update is one epoch of one minibatch: per-micro-batch ticks are the only granularity that shows
-  progress there. A tick reads nothing the update computes with and returns nothing, so the numerics are
-  unchanged (tested bit for bit against ``progress=False``); it costs one host call per micro-batch. Programs
-  with host callbacks are never written to JAX's persistent compilation cache, so such an update recompiles
-  in every new process; ``progress=False`` (the default: benchmarks, tests) compiles none.
+  the host counts the ticks into the tqdm bar routed by :func:`jaxopt_marl.progress.route` (nothing when none is;
+  on a mesh, once per micro-batch from its first device, process 0's, where the unsharded program's callbacks
+  run). The update is one program (epochs and minibatches are scanned), so a host loop could only tick per
+  call, and the CPU preset's update is one epoch of one minibatch: per-micro-batch ticks are the only
+  granularity that shows progress there. A tick reads nothing the update computes with and returns nothing,
+  so the numerics are unchanged (tested bit for bit against ``progress=False``); it costs one host call per
+  micro-batch. Programs with host callbacks are never written to JAX's persistent compilation cache, so such
+  an update recompiles in every new process; ``progress=False`` (the default: benchmarks, tests) compiles none.
 - *Token layout.* Each decision is one row ``[prompt, left-padded | response, right-padded]`` of
   ``tokens: int32[D, T]``; the response occupies the last ``response_len`` columns, so only those
   columns go through the vocabulary head (:func:`lora.sampling.continuation_logprobs`).
@@ -387,6 +396,48 @@ def _select_agents(keep_new: jax.Array, new: Any, old: Any, shapes: set[tuple[in
 
 
 # --------------------------------------------------------------------------------------------------
+# Cross-device sums in a fixed order.
+# --------------------------------------------------------------------------------------------------
+
+#: The step metrics that are sums over decisions (each a per-agent sum divided by the minibatch's count):
+#: their micro-batch and device pieces add up; ``ratio_min`` / ``ratio_max`` are minima / maxima instead.
+SUMMED_METRICS = ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "count")
+
+
+def ordered_sum(tree: Any, axis_name: str, axis_size: int) -> Any:
+    """Inside :func:`jax.shard_map`: the sum of every device's ``tree`` over mesh axis ``axis_name`` (of
+    ``axis_size`` devices), added in device order, ``((x_0 + x_1) + x_2) + ...`` elementwise, on every device.
+
+    A ``psum`` leaves the order to the collective's implementation, and XLA's in-process CPU all-reduce and
+    gloo's cross-process one add the devices' partials in different orders (issue #17: ~1e-6 apart). Here the
+    collectives only move data: the leaves of each dtype are flattened into one vector, padded to a multiple of
+    ``axis_size`` and split into ``axis_size`` slices; an ``all_to_all`` gives device j slice j of every device's
+    vector (a reduce-scatter's traffic), device j adds them in device order with explicit adds, and a tiled
+    ``all_gather`` returns the summed slices to every device (an all-gather's). Same traffic as a ring
+    all-reduce, a few transient copies of the tree (the flat vector, the exchanged slices, the gathered sum: the
+    adapters' size, not the activations'), and the result is the same bits whichever way the devices are split
+    over processes. The output is replicated (invariant over ``axis_name``)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    out: list = [None] * len(leaves)
+    for dtype in sorted({x.dtype for x in leaves}, key=str):
+        idx = [i for i, x in enumerate(leaves) if x.dtype == dtype]
+        flat = jnp.concatenate([leaves[i].reshape(-1) for i in idx])
+        size = flat.shape[0]
+        flat = jnp.pad(flat, (0, -size % axis_size)).reshape(axis_size, -1)
+        parts = jax.lax.all_to_all(flat, axis_name, 0, 0)  # row j: device j's slice (this device's)
+        total = parts[0]
+        for j in range(1, axis_size):
+            total = total + parts[j]
+        flat = jax.lax.all_gather(total, axis_name, tiled=True, to="invarying")[:size]
+        offset = 0
+        for i in idx:
+            k = leaves[i].size
+            out[i] = flat[offset : offset + k].reshape(leaves[i].shape)
+            offset += k
+    return jax.tree.unflatten(treedef, out)
+
+
+# --------------------------------------------------------------------------------------------------
 # Meshes and the jitted functions.
 # --------------------------------------------------------------------------------------------------
 
@@ -416,6 +467,15 @@ class TrainStep(NamedTuple):
             ``count``, ``grad_norm`` before clipping, ``updated``).
         adapter_ids: host function int32[D] agent ids -> adapter ids (all 0 for a shared adapter).
         mesh: the mesh the functions are sharded over.
+        grads: ``(base, adapters, batch, first, counts) -> (grads, prefix_grads, metrics, live)``: what one
+            optimizer step of ``update`` sums over its minibatch ``batch`` before the optimizer (for tests and
+            diagnostics): the loss's gradient with respect to the adapters through the rows (the prefix K/V held
+            fixed), its gradient with respect to the prefix K/V (:func:`prefix_kv` of the adapters; None without
+            ``batch.prefix``), which ``update`` then pulls back to the adapters, the step's summed metrics
+            (float32[N] each: ``loss`` ... ``count`` as in ``update``, without ``grad_norm`` / ``updated``) and
+            the rows' live log-probs float32[D]. ``first``: a bool scalar, the round's first step (theta =
+            theta_old); ``counts``: float32[N], the per-agent denominators of the loss
+            (:func:`jaxopt_marl.magrpo.group_counts` of the minibatch ``update`` would see).
     """
 
     optimizer: optax.GradientTransformation
@@ -424,6 +484,7 @@ class TrainStep(NamedTuple):
     update: Callable
     adapter_ids: Callable
     mesh: Mesh
+    grads: Callable
 
 
 def make_train_step(
@@ -556,6 +617,28 @@ def make_train_step(
     #    micro-batch returns the gradient with respect to the adapters and to the prefix K/V, and the
     #    summed K/V cotangent is pulled back through the prefix forward once at the end -- the exact
     #    gradient of the loss over the full rows, at the cost of one prefix pass per adapter.
+    #    On a mesh of several devices the accumulation runs per device (jax.shard_map over DATA_AXIS, each
+    #    device on its own rows of every micro-batch), and the devices' partial sums are added in device
+    #    order (ordered_sum): the module docstring's "Sharding".
+    sharded = mesh.devices.size > 1
+
+    def varying(tree):
+        """Inside the update's shard_map: replicated values as per-device ones, so that a gradient with respect
+        to them (or a carry starting from them) stays this device's own, with no implicit cross-device sum."""
+        if not sharded:
+            return tree
+        return jax.tree.map(lambda x: jax.lax.pcast(x, DATA_AXIS, to="varying"), tree)
+
+    def local_tick(dep):
+        """One progress tick per micro-batch: on the mesh's first device only when sharded (where the unsharded
+        program's callbacks run: logical device 0, process 0's)."""
+        if not progress:
+            return
+        if sharded:
+            jax.lax.cond(jax.lax.axis_index(DATA_AXIS) == 0, progress_lib.tick, lambda _: None, dep)
+        else:
+            progress_lib.tick(dep)
+
     def grads_and_metrics(base, adapters, kv, mb, first, counts):
         groups = groups_of(mb.agent_ids)
 
@@ -596,29 +679,33 @@ def make_train_step(
         )
         return grads, kv_grads, metrics, live
 
-    def step(base, adapters, opt_state, mb, first):
-        counts = magrpo.group_counts(groups_of(mb.agent_ids), mb.valid, n)
-        micro = micro_of(mb.num_decisions)
-        kv, prefix_vjp = None, None
-        if mb.prefix:
-            kv, prefix_vjp = jax.vjp(
-                lambda ad: prefix_kv(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]), adapters
-            )
+    def accumulate(base, adapters, kv, chunks, first, counts):
+        """The micro-batch sums of one step over this device's rows of ``chunks`` ([C, micro / devices, ...]
+        inside the shard_map; the whole chunks on one device), then added over the devices in device order:
+        ``(adapter grads, prefix K/V grads, metrics, live log-probs [C, micro / devices])``. ``counts`` are the
+        whole minibatch's, so every device's loss and metric sums are linear pieces of the minibatch's."""
+        zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
+        big = jnp.finfo(jnp.float32).max
+        m0 = {k: jnp.zeros((n,), jnp.float32) for k in SUMMED_METRICS}
+        m0["ratio_min"] = jnp.full((n,), big)
+        m0["ratio_max"] = jnp.full((n,), -big)
+        init = varying((zeros(adapters), zeros(kv), m0))
+        adapters, kv = varying(adapters), varying(kv)  # differentiated per device: no implicit psum
+
+        def compute(chunk):
+            return grads_and_metrics(base, adapters, kv, chunk, first, counts)
 
         def skipped(chunk):
             """What a micro-batch of padding rows contributes: nothing (no forward or backward is run)."""
-            shapes = jax.eval_shape(lambda c: grads_and_metrics(base, adapters, kv, c, first, counts), chunk)
-            g, g_kv, m, live = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-            big = jnp.finfo(jnp.float32).max
+            g, g_kv, m, live = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(compute, chunk))
             m = {**m, "ratio_min": jnp.full_like(m["ratio_min"], big), "ratio_max": jnp.full_like(m["ratio_max"], -big)}
-            return g, g_kv, m, live
+            return varying((g, g_kv, m, live))
 
         def acc(carry, chunk):
             g_sum, kv_sum, m_acc = carry
-            g, g_kv, m, live = jax.lax.cond(
-                chunk.valid.any(), lambda c: grads_and_metrics(base, adapters, kv, c, first, counts), skipped, chunk
-            )
-            tick(m["count"][0])
+            # A micro-batch whose rows on this device are padding only costs this device no forward or backward.
+            g, g_kv, m, live = jax.lax.cond(chunk.valid.any(), compute, skipped, chunk)
+            local_tick(m["count"][0])
             g_sum = jax.tree.map(jnp.add, g_sum, g)
             kv_sum = jax.tree.map(jnp.add, kv_sum, g_kv)
             m_acc = {
@@ -627,12 +714,38 @@ def make_train_step(
             }
             return (g_sum, kv_sum, m_acc), live
 
-        big = jnp.finfo(jnp.float32).max
-        m0 = {k: jnp.zeros((n,), jnp.float32) for k in ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "count")}
-        m0["ratio_min"] = jnp.full((n,), big)
-        m0["ratio_max"] = jnp.full((n,), -big)
-        zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-        (grads, kv_grads, metrics), live = jax.lax.scan(acc, (zeros(adapters), zeros(kv), m0), chunked(mb, micro))
+        (grads, kv_grads, metrics), live = jax.lax.scan(acc, init, chunks)
+        if not sharded:
+            return grads, kv_grads, metrics, live
+        # The devices' partial sums, added in device order (bit-identical under any process layout); min and max
+        # do not depend on the order.
+        sums = ordered_sum((grads, kv_grads, {k: metrics[k] for k in SUMMED_METRICS}), DATA_AXIS, mesh.devices.size)
+        grads, kv_grads, metrics_sum = sums
+        metrics = {
+            **metrics_sum,
+            "ratio_min": jax.lax.pmin(metrics["ratio_min"], DATA_AXIS),
+            "ratio_max": jax.lax.pmax(metrics["ratio_max"], DATA_AXIS),
+        }
+        return grads, kv_grads, metrics, live
+
+    if sharded:
+        accumulate = jax.shard_map(
+            accumulate,
+            mesh=mesh,
+            in_specs=(P(), P(), P(), P(None, DATA_AXIS), P(), P()),
+            out_specs=(P(), P(), P(), P(None, DATA_AXIS)),
+        )
+
+    def step(base, adapters, opt_state, mb, first):
+        # The whole minibatch's per-agent counts (integers: exact under any reduction order).
+        counts = magrpo.group_counts(groups_of(mb.agent_ids), mb.valid, n)
+        micro = micro_of(mb.num_decisions)
+        kv, prefix_vjp = None, None
+        if mb.prefix:
+            kv, prefix_vjp = jax.vjp(
+                lambda ad: prefix_kv(nnx.merge(graphdef, ad, base), mb.prefix, all_rows[:n]), adapters
+            )
+        grads, kv_grads, metrics, live = accumulate(base, adapters, kv, chunked(mb, micro), first, counts)
         if prefix_vjp is not None:
             grads = jax.tree.map(jnp.add, grads, prefix_vjp(kv_grads)[0])
         metrics["grad_norm"] = agent_global_norms(grads)
@@ -644,6 +757,13 @@ def make_train_step(
         new_opt = _select_agents(has_data, new_opt, opt_state, shapes)
         metrics["updated"] = has_data.astype(jnp.float32)
         return new_adapters, new_opt, metrics, live.reshape(-1)
+
+    def grads(base, adapters, mb, first, counts):
+        kv = prefix_kv(nnx.merge(graphdef, adapters, base), mb.prefix, all_rows[:n]) if mb.prefix else None
+        g, g_kv, metrics, live = accumulate(base, adapters, kv, chunked(mb, micro_of(mb.num_decisions)), first, counts)
+        return g, g_kv, metrics, live.reshape(-1)
+
+    grads_jit = jax.jit(grads, in_shardings=(repl, repl, data, repl, repl), out_shardings=(repl, repl, repl, data))
 
     # 3. The round: E epochs x m minibatches, scanned so it compiles once.
     def update(base, adapters, opt_state, batch, key):
@@ -689,6 +809,7 @@ def make_train_step(
         update=update_jit,
         adapter_ids=host_adapter_ids,
         mesh=mesh,
+        grads=grads_jit,
     )
 
 

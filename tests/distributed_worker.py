@@ -34,12 +34,17 @@ from pathlib import Path
 
 #: Rollouts per round, rounds, episode length (env steps).
 K, ROUNDS, STEPS = 4, 2, 8
-#: The update's learning rate (``MAGRPOConfig.smoke``'s; the test's adapter tolerance scales with it).
+#: The update's learning rate (``MAGRPOConfig.smoke``'s).
 LEARNING_RATE = 1e-2
 GAME = "overcooked_aa"
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds for the three runs of :func:`pair` together; past it they are killed and the job fails.
 TIMEOUT = 600
+#: XLA's CPU intra-op thread pool of every worker (``PJRT_NPROC``). XLA sizes it max(cores, local devices) and its
+#: CPU kernels split their work by it (Eigen's matrix product can split a long contraction, such as an adapter
+#: gradient's sum over tokens, into per-thread partial sums), so on a 2-core machine a process of 4 devices rounds
+#: differently from processes of 2: the same pool everywhere makes the per-device arithmetic the same.
+INTRA_OP_THREADS = 4
 
 
 def free_port() -> int:
@@ -51,7 +56,7 @@ def free_port() -> int:
 
 def start(*args):
     """One worker (``python -m tests.distributed_worker ARGS``), stdout and stderr together."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PJRT_NPROC=str(INTRA_OP_THREADS))
     env.pop("XLA_FLAGS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "tests.distributed_worker", *map(str, args)],

@@ -371,6 +371,125 @@ def test_eight_device_mesh_matches_one_device(minibatches):
     )
 
 
+_ORDERED_SCRIPT = textwrap.dedent("""
+    import json, jax, jax.numpy as jnp, numpy as np
+    from flax import nnx
+    from jaxopt_marl import magrpo, progress as progress_lib, train_step as ts
+    from lora import Decoder, LoRAConfig, ModelConfig, split_model
+    DEV, MICRO, ROWS = 4, 8, 32
+    assert len(jax.devices()) == DEV, jax.devices()
+    graphdef, adapters, base = split_model(Decoder(
+        ModelConfig.tiny(vocab_size=64), LoRAConfig(num_adapters=2, rank=4, alpha=8.0), rngs=nnx.Rngs(1)))
+    leaves, treedef = jax.tree.flatten(adapters)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    adapters = jax.tree.unflatten(treedef, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    rng = np.random.RandomState(0)
+    prefix = [7, 3, 11, 5, 2, 9, 4]
+    # 21 decisions padded to 32 rows, micro-batches of 8 (2 rows per device): in the third micro-batch device 2
+    # holds one real row and device 3 padding only (skipped there alone); the fourth is padding everywhere.
+    d = 21
+    prompts = [prefix + list(rng.randint(1, 64, rng.randint(3, 7))) for _ in range(d)]
+    responses = [list(rng.randint(1, 64, rng.randint(1, 4))) for _ in range(d)]
+    host = ts.pack_decisions(prompts, responses, rng.randint(0, 2, d), rng.randn(d).astype(np.float32),
+                             prompt_len=6, response_len=3, pad_to_multiple=ROWS, prefix=prefix)
+    cfg = magrpo.MAGRPOConfig.smoke(micro_batch=MICRO, kl_beta=0.1)
+    mesh = ts.make_mesh(DEV)
+    step = ts.make_train_step(graphdef, cfg, mesh, num_adapters=2)
+    base_m, adapters_m = ts.replicate(base, mesh), ts.replicate(adapters, mesh)
+    batch = step.prepare(base_m, adapters_m, ts.shard_batch(host, mesh))
+    host = jax.tree.map(np.asarray, batch)
+    counts = magrpo.group_counts(jnp.asarray(host.agent_ids), jnp.asarray(host.valid), 2)
+    # The reference: device j's rows (its slice of every micro-batch) as micro-batches of MICRO / DEV on one device.
+    one = ts.make_train_step(graphdef, magrpo.MAGRPOConfig.smoke(micro_batch=MICRO // DEV, kl_beta=0.1),
+                             ts.make_mesh(1), num_adapters=2)
+    rows = np.arange(ROWS).reshape(-1, DEV, MICRO // DEV)  # [micro-batch, device, row]
+
+
+    def in_order(*parts):
+        total = np.asarray(parts[0])
+        for x in parts[1:]:
+            total = total + np.asarray(x)  # float32, device 0 first
+        return total
+
+
+    def differing(a, b):
+        return int(sum(np.sum(np.asarray(x).view(np.uint32) != np.asarray(y).view(np.uint32))
+                       for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)))
+
+
+    out = {}
+    for first in (True, False):
+        got = step.grads(base_m, adapters_m, batch, first, counts)
+        parts = [one.grads(base, adapters, jax.tree.map(lambda x: x[rows[:, j].ravel()], host), first, counts)
+                 for j in range(DEV)]
+        want_m = {}
+        for k in got[2]:
+            xs = [np.asarray(p[2][k]) for p in parts]
+            want_m[k] = np.min(xs, 0) if k == "ratio_min" else np.max(xs, 0) if k == "ratio_max" else in_order(*xs)
+        live = np.empty(ROWS, np.float32)
+        for j, p in enumerate(parts):
+            live[rows[:, j].ravel()] = np.asarray(p[3])
+        out[str(first)] = dict(
+            grads=differing(got[0], jax.tree.map(in_order, *[p[0] for p in parts])),
+            prefix=differing(got[1], jax.tree.map(in_order, *[p[1] for p in parts])),
+            metrics={k: differing(got[2][k], want_m[k]) for k in want_m},
+            live=differing(got[3], live),
+            largest=float(max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(got[0]))),
+            count=np.asarray(got[2]["count"]).tolist(),
+            has_rows=[bool(host.valid[rows[:, j].ravel()].any()) for j in range(DEV)],
+        )
+    # The update with progress ticks on the 4-device mesh: one tick per micro-batch (not per device), the same
+    # bits as without.
+    class Bar:
+        n = 0
+
+        def update(self, k):
+            self.n += k
+
+
+    res = {}
+    for progress in (False, True):
+        s = ts.make_train_step(graphdef, cfg, mesh, num_adapters=2, progress=progress)
+        b = Bar()
+        with progress_lib.route(b):
+            r = jax.block_until_ready(s.update(base_m, adapters_m, ts.init_opt_state(s, adapters_m), batch,
+                                               jax.random.key(0)))
+            jax.effects_barrier()
+        res[progress] = (r, b.n)
+    out["ticks"] = res[True][1]
+    out["ticks_want"] = ts.progress_ticks(cfg, ROWS)[1]
+    out["progress_differs"] = differing(res[False][0], res[True][0])
+    print("RESULT" + json.dumps(out))
+""")
+BACKGROUND.register(
+    "ordered-sum",
+    ["-c", _ORDERED_SCRIPT],
+    {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"},
+)
+
+
+@pytest.mark.background("ordered-sum")
+def test_four_device_update_adds_the_device_partials_in_device_order():
+    """On a mesh of 4 devices one optimizer step's sums (adapter and prefix K/V gradients, summed metrics) are the
+    4 devices' partial sums added in device order, bit for bit: each partial computed here on one device over that
+    device's rows (its slice of every micro-batch, the minibatch's per-agent counts), then added with float32
+    NumPy in device order. So the result depends on the mesh only, not on how its devices are split over processes
+    or on a collective's summation order (tests/test_distributed.py). ``ratio_min`` / ``ratio_max`` are the
+    devices' min / max, the live log-probs each device's rows. And ``progress=True`` ticks once per micro-batch
+    there too (not once per device), changing no bit."""
+    proc = BACKGROUND.get("ordered-sum")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT") :])
+    for first in ("True", "False"):
+        r = out[first]
+        assert r["grads"] == 0 and r["prefix"] == 0 and r["live"] == 0, (first, r)
+        assert r["metrics"] == {k: 0 for k in r["metrics"]}, (first, r)
+        assert r["largest"] > 0 and r["count"] == [float(c) for c in r["count"]] and sum(r["count"]) == 21
+        assert r["has_rows"] == [True] * 4  # every device contributes (some of its micro-batches are skipped)
+    assert out["ticks"] == out["ticks_want"] == 4 * 2  # 4 micro-batches x 2 epochs
+    assert out["progress_differs"] == 0
+
+
 def test_tiny_task_learns_to_choose_b():
     """Fixed prompt, two one-token responses A / B, team return = fraction of agents choosing B."""
     n_agents, k, rounds = 2, 8, 8
