@@ -11,7 +11,7 @@ what is left after ``tests.distributed_worker.TIMEOUT`` seconds.
 Every run is a subprocess and the three run side by side as ONE background job (``distributed``, tests/background.py,
 started at collection so it overlaps with the in-process tests; ``python -m tests.distributed_worker --pair``).
 
-Agreement: bit for bit (measured 2026-12-02, JAX 0.10.2 CPU, 2-core machine): both processes hold identical
+Agreement: bit for bit (measured 2026-12-03, JAX 0.10.2 CPU, 2-core machine): both processes hold identical
 states, and against the 1-process run every adapter leaf, Adam's step count and both moments, every metric of
 ``metrics.jsonl`` (wall times aside) and both rounds' decision files (log-probs included) are the same bits. The
 round's batch is the single-process batch row for row (:mod:`jaxopt_marl.distributed`: the decision rows are
@@ -33,7 +33,7 @@ on Adam's moments, up to 9e-4 relative on near-zero elements):
   bits of 4 in any process with ``PJRT_NPROC=4``). Every worker runs with the same pool (``PJRT_NPROC``, ``tests.distributed_worker
   .INTRA_OP_THREADS``); with as many cores as the largest local device count the pools agree anyway.
 
-Either alone leaves the runs apart (same run, 2026-12-02): the ordered reduction with the default pools, by up to
+Either alone leaves the runs apart (same run, 2026-12-03): the ordered reduction with the default pools, by up to
 5.3e-7 on the adapters (values up to 0.29; 3.3e-6 of a leaf's largest magnitude) and 3.7e-6 of a leaf's scale on
 Adam's moments; equal pools with XLA's all-reduce, by up to 7.8e-7 (5.2e-6) and 4.8e-6. Hence exact checks
 throughout. The distributed side
