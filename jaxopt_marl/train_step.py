@@ -631,13 +631,11 @@ def make_train_step(
 
     def local_tick(dep):
         """One progress tick per micro-batch: on the mesh's first device only when sharded (where the unsharded
-        program's callbacks run: logical device 0, process 0's)."""
-        if not progress:
-            return
-        if sharded:
-            jax.lax.cond(jax.lax.axis_index(DATA_AXIS) == 0, progress_lib.tick, lambda _: None, dep)
+        program's callbacks run: logical device 0, process 0's); :func:`tick` otherwise."""
+        if sharded and progress:
+            jax.lax.cond(jax.lax.axis_index(DATA_AXIS) == 0, tick, lambda _: None, dep)
         else:
-            progress_lib.tick(dep)
+            tick(dep)
 
     def grads_and_metrics(base, adapters, kv, mb, first, counts):
         groups = groups_of(mb.agent_ids)
