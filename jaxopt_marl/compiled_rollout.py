@@ -429,8 +429,8 @@ class CompiledRoller:
         cfg = self.cfg
         cache = kv.take(jnp.where(adapter >= 0, adapter, kv.rows - 1))
         if cfg.mode == "choice_only":
-            logits = sampling.next_token_logits(model, ids, mask, agent_ids=adapter, cache=cache)
-            return (logits[:, jnp.asarray(self.letter_ids)],)
+            vocab = jnp.asarray(self.letter_ids, jnp.int32)
+            return (sampling.next_token_logits(model, ids, mask, agent_ids=adapter, cache=cache, vocab=vocab),)
         gen = sampling.decode(
             model,
             ids,

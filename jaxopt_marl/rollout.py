@@ -137,7 +137,7 @@ def _rows_bucket(n: int) -> int:
 def _letter_logits(graphdef, state, ids, mask, agent_ids, cache, letter_ids):
     """Next-token logits of the candidate letter tokens after each left-padded row: float32[B, L]."""
     model = nnx.merge(graphdef, state)
-    return sampling.next_token_logits(model, ids, mask, agent_ids=agent_ids, cache=cache)[:, letter_ids]
+    return sampling.next_token_logits(model, ids, mask, agent_ids=agent_ids, cache=cache, vocab=letter_ids)
 
 
 class LLMPolicy:

@@ -561,11 +561,25 @@ class Decoder(nnx.Module):
             )
             return h, cache
 
-    def logits(self, h: jax.Array) -> jax.Array:
-        """Output head: float32[..., V] logits from hidden states [..., D]."""
-        if self.lm_head is None:
-            return jnp.einsum("...d,vd->...v", h, self.embed[...], preferred_element_type=jnp.float32)
-        return jnp.einsum("...d,dv->...v", h, self.lm_head[...], preferred_element_type=jnp.float32)
+    def logits(self, h: jax.Array, vocab: jax.Array | None = None) -> jax.Array:
+        """Output head: float32[..., V] logits from hidden states [..., D].
+
+        With ``vocab`` only those tokens' head rows are gathered and applied: int32[C] gives float32[..., C] (the
+        same C tokens for every row: a menu's letters), int32[..., C] with the leading dims of ``h`` gives each
+        row its own C tokens. A restricted choice (``choice_only``) needs the logits of its candidates only, and
+        the full head (V x D, 6.3 MB for the 2-layer test model, 113 MB for SmolLM2 in float32) then dominates a
+        small model's forward on a CPU.
+        """
+        head = self.embed[...] if self.lm_head is None else self.lm_head[...]  # [V, D] or [D, V]
+        v_axis = 0 if self.lm_head is None else 1
+        if vocab is None:
+            spec = "...d,vd->...v" if v_axis == 0 else "...d,dv->...v"
+            return jnp.einsum(spec, h, head, preferred_element_type=jnp.float32)
+        rows = jnp.take(head, vocab, axis=v_axis)  # [*vocab, D] or [D, *vocab]
+        if v_axis == 1:
+            rows = jnp.moveaxis(rows, 0, -1)
+        spec = "...d,cd->...c" if vocab.ndim == 1 else "...d,...cd->...c"
+        return jnp.einsum(spec, h, rows, preferred_element_type=jnp.float32)
 
     def __call__(
         self,

@@ -55,13 +55,15 @@ def next_token_logits(
     *,
     agent_ids: jax.Array | None = None,
     cache: KVCache | None = None,
+    vocab: jax.Array | None = None,
 ) -> jax.Array:
     """float32[B, V]: the logits of the token after each left-padded row (one forward, no cache written).
 
     With ``cache`` (a shared prefix) the rows attend to its slots; no ``cache_size``, so no extended cache is built.
+    With ``vocab`` (int32[C], e.g. a menu's letter tokens) only those logits, float32[B, C] (:meth:`Decoder.logits`).
     """
     h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache)
-    return model.logits(h[:, -1])
+    return model.logits(h[:, -1], vocab)
 
 
 def continuation_logprobs(
@@ -95,8 +97,10 @@ def continuation_logprobs(
       temperature: the logits are divided by it before the softmax, so the log-probabilities are
         those of the distribution ``generate`` samples from at that temperature (issue #5: the
         sampled tokens' log-probability at the rollout temperature, no top-k/top-p reshaping).
-      candidates: optional int32[B, Tc, C] token ids each column's softmax is restricted to (-1 = none), see
-        :func:`tempered_logprobs`.
+      candidates: optional int32[B, Tc, C] (or broadcastable: [B, 1, C]) token ids each column's softmax is
+        restricted to (-1 = none), see :func:`tempered_logprobs`. Only these tokens' head rows are applied
+        (:meth:`Decoder.logits` with ``vocab``); each ``cont_ids`` token must be among its column's candidates
+        (:func:`jaxopt_marl.train_step.pack_decisions` checks it), or its log-prob is that of the first one.
 
     Returns:
       float32[B, Tc]: log p_T(cont_t | prompt, cont_<t), 0 where ``cont_mask`` is False.
@@ -105,8 +109,15 @@ def continuation_logprobs(
     ids = jnp.concatenate([prompt_ids, cont_ids], axis=1)
     mask = jnp.concatenate([prompt_mask.astype(bool), cont_mask.astype(bool)], axis=1)
     h, _ = model.hidden(ids, attention_mask=mask, agent_ids=agent_ids, cache=cache, dropout_key=dropout_key)
-    logits = model.logits(h[:, -tc - 1 : -1])  # position t predicts token t + 1
-    return jnp.where(cont_mask, tempered_logprobs(logits, cont_ids, temperature, candidates), 0.0)
+    h = h[:, -tc - 1 : -1]  # position t predicts token t + 1
+    if candidates is None:
+        return jnp.where(cont_mask, tempered_logprobs(model.logits(h), cont_ids, temperature), 0.0)
+    # A restricted choice: only the candidates' head rows (B x Tc x C logits), the target as its candidate slot.
+    cand = jnp.broadcast_to(candidates, (*cont_ids.shape, candidates.shape[-1]))
+    slot = jnp.argmax(cand == cont_ids[..., None], axis=-1)
+    live = jnp.where(cand >= 0, jnp.arange(cand.shape[-1]), -1)
+    logits = model.logits(h, jnp.maximum(cand, 0))
+    return jnp.where(cont_mask, tempered_logprobs(logits, slot, temperature, live), 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))

@@ -349,6 +349,49 @@ def test_tempered_logprobs_sampling_trace_and_scoring_agree(ids):
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied lm_head [D, V]; tied embedding [V, D]
+def test_restricted_head_is_the_full_heads_columns(arch, ids):
+    """``Decoder.logits(h, vocab)`` computes only the candidates' logits (a menu's letters, ``choice_only``): the
+    same values as the full head's columns, for one token set shared by every row and for a set per row; and a
+    restricted ``continuation_logprobs`` equals the full-head log-softmax over the same candidates."""
+    model = _model(arch)
+    _randomise_b(model)
+    graphdef, state = nnx.split(model)
+    mask = jnp.ones_like(ids, bool)
+    agents = jnp.array([0, 2])
+    cfg = model.cfg
+
+    @jax.jit
+    def heads(st):
+        m = nnx.merge(graphdef, st)
+        h, _ = m.hidden(ids, attention_mask=mask, agent_ids=agents)
+        per_row = jnp.array([[[5, 77, 3]] * 9, [[0, 127, 64]] * 9])  # [B, T, 3]
+        return m.logits(h), m.logits(h, jnp.array([9, 2, 40])), m.logits(h, per_row), per_row
+
+    full, shared, own, per_row = heads(state)
+    n = cfg.hidden_size  # the logit's own reduction; the hidden state is the same array
+    assert shared.shape == (2, 9, 3) and own.shape == (2, 9, 3)
+    assert_fp32_close(shared, full[..., jnp.array([9, 2, 40])], n, scale=np.abs(full).max())
+    assert_fp32_close(own, jnp.take_along_axis(full, per_row, axis=-1), n, scale=np.abs(full).max())
+
+    prompt, cont = ids[:, :6], ids[:, 6:7]
+    cand = jnp.array([[[int(ids[0, 6]), 17, -1]], [[3, 50, int(ids[1, 6])]]])  # the target among them
+    got = jax.jit(
+        lambda st: sampling.continuation_logprobs(
+            nnx.merge(graphdef, st),
+            prompt,
+            mask[:, :6],
+            cont,
+            mask[:, 6:7],
+            agent_ids=agents,
+            temperature=0.7,
+            candidates=cand,
+        )
+    )(state)
+    want = sampling.tempered_logprobs(full[:, 5:6], cont, 0.7, candidates=cand)
+    assert_fp32_close(got, want, n + 4, scale=np.abs(full).max() / 0.7)
+
+
 def test_prefill_per_adapter_and_take_rows(ids):
     """``KVCache.prefill`` runs a prefix once per adapter; ``take`` gives each row its adapter's prefix, and the
     rows continuing it score as if each had recomputed the prefix on its own adapter."""
