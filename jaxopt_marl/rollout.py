@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx
 
 from jaxopt_marl import interfaces, macro, menus, parsing, prompts
+from jaxopt_marl.config import TINY_RANDOM  # ``--model`` of the tiny random decoder (tests); re-exported here
 from jaxopt_marl.records import OUTCOME_EFFECT_FAIL, OUTCOME_EXPLICIT_BASE, OUTCOME_SUCCESS
 from lora import sampling
 from lora.tokenizer import render_chat, stop_token_ids
@@ -778,9 +779,6 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------
 # Models
 # ---------------------------------------------------------------------------------------------------------
-
-#: ``--model`` value of the tiny random decoder used by tests (SmolLM2's tokenizer, 2 random layers).
-TINY_RANDOM = "tiny-random"
 
 
 @functools.lru_cache(maxsize=1)
