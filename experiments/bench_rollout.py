@@ -20,7 +20,9 @@ env step, :class:`jaxopt_marl.interfaces.NativeLibrary`) times both rollouts on 
 guards, so no burn-in runs. Under ``menu`` the guards come from a short uniform burn-in (``--burnin-episodes``
 solo + joint episodes), as a run's would. The JSON (``--out``) has ``game, interface, mode, model, rollouts,
 steps, decisions, waves, compiled_decisions_per_s, host_decisions_per_s, bare_forward_decisions_per_s,
-ms_per_wave`` and the raw seconds (compile apart: ``compile_s``, ``host_first_call_s``).
+ms_per_wave`` and the raw seconds (compile apart: ``compile_s``, ``host_first_call_s``); in ``sample`` mode also
+``parse``: the compiled rollout's parse outcomes by reason and the failure rate with its exact 95% interval
+(issue #12 item 5: with ``--model default`` and adapters at zero, the frozen base's rate at the given budget).
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ def bare_forward_batches(roller, res, policy) -> list[tuple]:
         rows[: len(ts)] = policy.adapter_ids(np.array([t["aid"] for t in ts]), reference=False)
         out.append((ids, mask, rows, len(ts)))
     return out
+
+
+def parse_summary(stats) -> dict:
+    """The compiled rollout's parse outcomes (``sample`` mode): ``{"counts": {reason: n}, "failure":
+    {"k", "n", "rate", "ci"}}``, the failure rate with its exact 95% interval (:func:`jaxopt_marl.stats.rate_ci`).
+    Issue #12 item 5: the frozen base's parse-failure rate at the paper's budget, measured before training."""
+    from jaxopt_marl.stats import rate_ci
+
+    return {"counts": stats.as_dict(), "failure": rate_ci(stats.failures, stats.total)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,6 +190,11 @@ def main(argv: list[str] | None = None) -> None:
         f"first call {compile_s:.1f} s with compile) -> {decisions / compiled_s:.1f} decisions/s, "
         f"{1e3 * compiled_s / max(waves, 1):.2f} ms/wave; returns {res.returns.tolist()}"
     )
+    if args.mode == "sample" and res.parse.total:
+        fail = parse_summary(res.parse)["failure"]
+        print(
+            f"parse: {res.parse.as_dict()}; failure rate {fail['rate']:.3f} (95% CI {fail['ci'][0]:.3f}-{fail['ci'][1]:.3f})"
+        )
     if args.traces:
         from jaxopt_marl.trainer import _write_jsonl
 
@@ -255,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         "host_decisions_per_s": (host_dec / host_s) if host_s else None,
         "compiled_vs_host": ((decisions / compiled_s) / (host_dec / host_s)) if host_s else None,
         "parse_mismatch": res.parse_mismatch,
+        "parse": parse_summary(res.parse) if args.mode == "sample" else None,
         "prompt_limit": roller.prompt.max_len,
         "chunks": {"row_sizes": list(chunks.row_sizes), "pad_rows": chunks.pad_rows, "length_step": chunks.length_step},
         "device": f"{device.platform}:{device.device_kind}",

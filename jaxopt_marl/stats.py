@@ -247,4 +247,23 @@ def eval_stats(
     return out
 
 
-__all__ = ["eval_stats", "summarize", "mann_whitney", "mwu_method", "check_scipy"]
+def rate_ci(k: int, n: int, confidence: float = CONFIDENCE_LEVEL) -> dict:
+    """A rate ``k / n`` (a parse-failure rate, a share of decisions) with its exact two-sided Clopper-Pearson
+    interval, ``scipy.stats.binomtest(k, n).proportion_ci(confidence, method="exact")``.
+
+    Returns:
+        ``{"k", "n", "rate", "ci": [lo, hi]}`` (plain floats); ``rate`` and ``ci`` are None when ``n == 0``.
+
+    Raises:
+        ValueError: ``k`` or ``n`` not a whole number, negative, or ``k > n`` (both named).
+    """
+    if int(k) != k or int(n) != n or not 0 <= k <= n:
+        raise ValueError(f"need whole numbers 0 <= k <= n, got k={k!r}, n={n!r}")
+    k, n = int(k), int(n)
+    if n == 0:
+        return {"k": 0, "n": 0, "rate": None, "ci": None}
+    ci = sps.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return {"k": k, "n": n, "rate": k / n, "ci": [float(ci.low), float(ci.high)]}
+
+
+__all__ = ["eval_stats", "summarize", "mann_whitney", "mwu_method", "check_scipy", "rate_ci"]

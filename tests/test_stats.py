@@ -163,3 +163,21 @@ def test_bad_values_are_named():
         S.eval_stats([1.0, float("nan")], [0.0, 0.0])
     with pytest.raises(ValueError, match=r"frozen_base: 1 value\(s\) for 2 seed\(s\)"):
         S.eval_stats([1.0, 2.0], [0.0], seeds=[10000, 10001])
+
+
+def test_rate_ci_clopper_pearson_hand_cases():
+    """Exact (Clopper-Pearson) 95% intervals: with k = 0 the upper end solves (1 - p)^n = 0.025, with k = n the
+    lower end solves p^n = 0.025 (closed forms); k = 1 of n = 2 gives [0.025 quantile of Beta(1, 2), its mirror],
+    i.e. [1 - sqrt(0.975), sqrt(0.975)]."""
+    zero = S.rate_ci(0, 10)
+    assert zero["rate"] == 0.0 and zero["ci"][0] == 0.0
+    np.testing.assert_allclose(zero["ci"][1], 1 - 0.025 ** (1 / 10), rtol=1e-9)
+    full = S.rate_ci(10, 10)
+    assert full["rate"] == 1.0 and full["ci"][1] == 1.0
+    np.testing.assert_allclose(full["ci"][0], 0.025 ** (1 / 10), rtol=1e-9)
+    half = S.rate_ci(1, 2)
+    np.testing.assert_allclose(half["ci"], [1 - 0.975**0.5, 0.975**0.5], rtol=1e-9)
+    assert S.rate_ci(0, 0) == {"k": 0, "n": 0, "rate": None, "ci": None}
+    for k, n in ((3, 2), (-1, 4), (1.5, 4)):
+        with pytest.raises(ValueError, match=f"k={k!r}, n={n!r}"):
+            S.rate_ci(k, n)
