@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model,
         "rollouts": args.rollouts,
         "steps": args.steps,
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens if args.mode == "sample" else None,
         "decisions": decisions,
         "waves": waves,
         "compiled_s": compiled_s,
