@@ -37,7 +37,9 @@
 #     and both checksums, if it did not arrive whole), runs the experiment with --model <joined GGUF> under
 #     `timeout` (CALL_S - PACK_S - setup seconds), then packs. ~50.2 MB travel.
 #       carry:     [".model/SmolLM2-135M-Instruct.Q4_1.gguf.part2", ".model/manifest"]
-#       command:   MODE=sample bash scripts/device_paper_run.sh cleanup 10
+#       command:   MODE=choice_only bash scripts/device_paper_run.sh cleanup 10
+#       (choice_only first: the frozen SmolLM2 fails to parse 86-97% of its `sample` answers in every game,
+#       measured on the CPU, docs/runs/frozen-smollm2-cpu/; then MODE=sample, the paper's, in a later call)
 #       timeout_s: 600
 #   call 3, only if call 2 ended with "STATUS: cut off" (exit 3), again within 30 s: the same command, carry []
 #     (the joined GGUF, .whl/ and runs/ stay on the warm machine; the run resumes from its last checkpoint
