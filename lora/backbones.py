@@ -702,12 +702,10 @@ class LayerwiseDecoder(nnx.Module):
             index=index + t,
         )
 
-    def logits(self, h: jax.Array) -> jax.Array:
-        """Output head: float32[..., V] logits from hidden states [..., D] (Gemma 4: tanh soft cap)."""
-        if self.lm_head is None:
-            out = jnp.einsum("...d,vd->...v", h, self.embed[...], preferred_element_type=jnp.float32)
-        else:
-            out = jnp.einsum("...d,dv->...v", h, self.lm_head[...], preferred_element_type=jnp.float32)
+    def logits(self, h: jax.Array, vocab: jax.Array | None = None) -> jax.Array:
+        """Output head: float32[..., V] logits from hidden states [..., D] (Gemma 4: tanh soft cap); with ``vocab``
+        only those tokens' logits, as :meth:`lora.model.Decoder.logits` (the cap is elementwise)."""
+        out = Decoder.logits(self, h, vocab)
         cap = self.cfg.final_logit_softcapping
         return out if cap is None else jnp.tanh(out / cap) * cap
 

@@ -566,9 +566,9 @@ class Decoder(nnx.Module):
 
         With ``vocab`` only those tokens' head rows are gathered and applied: int32[C] gives float32[..., C] (the
         same C tokens for every row: a menu's letters), int32[..., C] with the leading dims of ``h`` gives each
-        row its own C tokens. A restricted choice (``choice_only``) needs the logits of its candidates only, and
-        the full head (V x D, 6.3 MB for the 2-layer test model, 113 MB for SmolLM2 in float32) then dominates a
-        small model's forward on a CPU.
+        row its own C tokens. A restricted choice (``choice_only``) needs the logits of its candidates only; the
+        full head (V x D: 6.3 MB for the 2-layer test model, 113 MB for SmolLM2 in float32) was 30% of the test
+        model's forward of a 224-token row on a 2-core CPU (BENCHMARKS.md, "Only the letters' head rows").
         """
         head = self.embed[...] if self.lm_head is None else self.lm_head[...]  # [V, D] or [D, V]
         v_axis = 0 if self.lm_head is None else 1

@@ -29,6 +29,7 @@ from lora.backbones import LayerwiseDecoder
 from lora.config import ALL_TARGETS
 from lora.hf_loader import config_from_hf, read_hf_config, read_safetensors
 from lora.params import build_model
+from tests.helpers import assert_fp32_close
 
 RTOL = 1e-4
 DATA = os.path.join(os.path.dirname(__file__), "data", "backbones")
@@ -105,6 +106,23 @@ def test_left_padding(arch):
     mask = np.concatenate([np.zeros((1, pad), bool), np.ones_like(ids, bool)], axis=1)
     out = _fwd(model, padded, attention_mask=jnp.asarray(mask))[:, pad:]
     assert _rel(out, _fwd(model, ids)) <= RTOL
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_restricted_head_is_the_full_heads_columns(arch):
+    """``logits(h, vocab)`` (a menu's letters in ``choice_only``) equals the full head's columns, Gemma 4's tanh
+    soft cap included, for one token set and for a set per row."""
+    model = _load(os.path.join(DATA, arch))
+    ids = jnp.asarray(np.load(os.path.join(DATA, arch, "reference.npz"))["input_ids"][:, :8], jnp.int32)
+    v = model.cfg.vocab_size
+    per_row = jnp.broadcast_to(jnp.array([v - 1, 0, 5])[None, None], (*ids.shape, 3))
+    h, _ = model.hidden(ids)
+    full = np.asarray(model.logits(h))
+    shared = np.asarray(model.logits(h, jnp.array([3, v - 2, 1])))
+    own = np.asarray(model.logits(h, per_row))
+    n, scale = model.cfg.hidden_size + 2, np.abs(full).max()  # the logit's own reduction (+ the cap's tanh)
+    assert_fp32_close(shared, full[..., [3, v - 2, 1]], n, scale=scale)
+    assert_fp32_close(own, full[..., [v - 1, 0, 5]], n, scale=scale)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
