@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> None:
         f"first call {compile_s:.1f} s with compile) -> {decisions / compiled_s:.1f} decisions/s, "
         f"{1e3 * compiled_s / max(waves, 1):.2f} ms/wave; returns {res.returns.tolist()}"
     )
-    if args.mode == "sample" and res.parse.total:
-        fail = parse_summary(res.parse)["failure"]
+    parse = parse_summary(res.parse) if args.mode == "sample" else None
+    if parse is not None and res.parse.total:
+        fail = parse["failure"]
         print(
             f"parse: {res.parse.as_dict()}; failure rate {fail['rate']:.3f} (95% CI {fail['ci'][0]:.3f}-{fail['ci'][1]:.3f})"
         )
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         "host_decisions_per_s": (host_dec / host_s) if host_s else None,
         "compiled_vs_host": ((decisions / compiled_s) / (host_dec / host_s)) if host_s else None,
         "parse_mismatch": res.parse_mismatch,
-        "parse": parse_summary(res.parse) if args.mode == "sample" else None,
+        "parse": parse,
         "prompt_limit": roller.prompt.max_len,
         "chunks": {"row_sizes": list(chunks.row_sizes), "pad_rows": chunks.pad_rows, "length_step": chunks.length_step},
         "device": f"{device.platform}:{device.device_kind}",
