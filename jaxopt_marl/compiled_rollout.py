@@ -25,7 +25,8 @@ K rollouts and N agents, with static shapes throughout. A wave:
 6. every decision (prompt ids, response ids, log-prob at the temperature, letter, menu, option, target, and
    later its outcome) goes into preallocated ``[D]`` device arrays (:class:`DecisionBuffers`, D = K N T).
 
-**Chunks.** Rows that do not decide cost no model compute, and padding is bounded: the wave's deciding rows
+**Chunks.** Rows that do not decide cost no model compute (in ``choice_only`` neither do rows whose menu has
+a single letter: the draw has one outcome and its log-prob is exactly 0), and padding is bounded: the wave's deciding rows
 are sorted by prompt length (longest first) and cut into chunks whose row count comes from a static set
 (:class:`ChunkConfig`: on CPU single rows, or 8, 4, 2, 1 taken greedily when decoding, so no row is ever padded;
 on a GPU a few larger sizes with padding, since there a row costs almost nothing) and whose prompt columns are the chunk's longest
@@ -195,6 +196,7 @@ class CompiledResult(NamedTuple):
         waves: int32[] decision waves played.
         feats: int32[D, F] the read-set features of each decision's chosen instance at initiation (-1 where no
             instance started), only with ``CompiledRoller(burnin=True)``; None otherwise (the training path).
+        model_rows: int32[] decisions the LLM ran for (in ``choice_only``: those with two or more letters).
     """
 
     decisions: DecisionBuffers
@@ -203,6 +205,7 @@ class CompiledResult(NamedTuple):
     parse_counts: jax.Array
     waves: jax.Array
     feats: jax.Array | None = None
+    model_rows: jax.Array | None = None
 
 
 def _empty_buffers(d: int, p: int, m: int, i: int) -> DecisionBuffers:
@@ -567,6 +570,7 @@ class CompiledRoller:
             mem=prompt_ids.empty_memory((k, n)),
             ndec=jnp.zeros((k, n), jnp.int32),
             counts=jnp.zeros((len(parse_device.REASON_CODES),), jnp.int32),
+            model_rows=jnp.zeros((), jnp.int32),
             wave=jnp.zeros((), jnp.int32),
         )
         if self.burnin:
@@ -586,6 +590,9 @@ class CompiledRoller:
             shown = menu.letters >= 0
             n_let = shown.sum(-1).astype(jnp.int32)
             llm_row = need & active
+            # choice_only: a menu of one letter (or none) has one outcome whatever the logits, so its row costs no
+            # model compute (choose_letters gives letter 0 and log-prob exactly 0 from any logits, these too).
+            model_row = llm_row & (n_let > 1) if cfg.mode == "choice_only" else llm_row
             ids, lens = suffix_fn(ms.env, jnp.broadcast_to(agents, (k, n)), menu.inst, menu.letters, mem)
             skeys = jax.vmap(jax.vmap(rollout.decision_sample_key, (None, 0, 0)), (0, None, 0))(llm_keys, agents, ndec)
             letter, reason, logp, resp, rmask = self._wave_llm(
@@ -596,7 +603,7 @@ class CompiledRoller:
                 jnp.broadcast_to(adapter_of, (k, n)).reshape(r),
                 skeys.reshape(r, *skeys.shape[2:]),
                 n_let.reshape(r),
-                llm_row.reshape(r),
+                model_row.reshape(r),
             )
             letter, reason, logp = (x.reshape(k, n) for x in (letter, reason, logp))
             resp, rmask = resp.reshape(k, n, m), rmask.reshape(k, n, m)
@@ -653,18 +660,19 @@ class CompiledRoller:
                 lambda a, b: jnp.where(llm_row.reshape(llm_row.shape + (1,) * (a.ndim - 2)), a, b), new_mem, mem
             )
             ndec = ndec + llm_row.astype(jnp.int32)
+            model_rows = c["model_rows"] + model_row.sum().astype(jnp.int32)
             ms, rec_fail = begin_fn(ms, choice)
             buf, pending = outcomes(buf, pending, rec_fail)
-            # Agents left without an option (parse failure, no wait option) idle for one step.
-            idle_now = (choice < 0) & need
+            # Agents left without an option (parse failure, no wait option) or whose option failed at its start
+            # idle for one step (jaxopt_marl.rollout's docstring, step 4): at most one decision per agent per env step.
+            idle_now = ((choice < 0) & need) | rec_fail.valid
             extra = {}
             if self.burnin:
                 # The chosen instance's features at initiation: begin() keeps them in ms.feats for a started
-                # option and in rec_fail.feats for one that failed at its start (which then idles one step).
+                # option and in rec_fail.feats for one that failed at its start.
                 chosen = jnp.where(rec_fail.valid[..., None], rec_fail.feats, ms.feats)
                 chosen = jnp.where((inst >= 0)[..., None], chosen, -1)
                 extra["feats"] = c["feats"].at[dst].set(chosen.reshape(r, -1), mode="drop")
-                idle_now = idle_now | rec_fail.valid
             force = idle_now.any(axis=1)
             ms, traj, need, rec = advance(ms, env_keys, force, c["traj"])
             buf, pending = outcomes(buf, pending, rec)
@@ -679,6 +687,7 @@ class CompiledRoller:
                 mem=mem,
                 ndec=ndec,
                 counts=counts,
+                model_rows=model_rows,
                 wave=c["wave"] + 1,
                 **extra,
             )
@@ -695,6 +704,7 @@ class CompiledRoller:
             parse_counts=c["counts"],
             waves=c["wave"] - 1,
             feats=c.get("feats"),
+            model_rows=c["model_rows"],
         )
 
     # -- host side --------------------------------------------------------------------------------------
@@ -825,6 +835,7 @@ class CompiledRoller:
             batches=batches,
             parse_mismatch=mismatch,
             waves=int(sum(int(h.waves) for h in host)),
+            model_rows=int(sum(int(h.model_rows) for h in host)),
         )
 
     def traces(
@@ -852,6 +863,11 @@ class CompiledRoller:
         """
         lib, tok = self.lib, self.tok
         count = int(dec.count)
+        if count > dec.prompt.shape[0]:  # cannot happen (one decision per agent per env step); never drop silently
+            raise RuntimeError(
+                f"{self.game}: {count} decisions overflowed the rollout's decision buffers of "
+                f"{dec.prompt.shape[0]} (K x N x T)"
+            )
         keep = self.batch if keep is None else keep
         fam = prompts.family(self.game)
         labels = prompts.STATE_LABELS[fam]

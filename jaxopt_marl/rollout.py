@@ -12,7 +12,12 @@ One call of :func:`collect` plays K joint episodes side by side:
    reference policy: adapters off);
 4. responses are parsed (:func:`jaxopt_marl.parsing.parse_response`); the chosen instances start
    (:func:`jaxopt_marl.macro.make_begin_batch`). A parse failure or an absent letter is counted and the agent
-   waits: the ``wait`` option if the library has one on the menu, else one env step of the idle action.
+   waits: the ``wait`` option if the library has one on the menu, else one env step of the idle action. An
+   option that fails at its start (an ``explicit:<reason>`` outcome at initiation: a guard miss) terminates
+   at once and the agent idles that env step, deciding again at the next one, as in the burn-in
+   (:func:`jaxopt_marl.burnin.run_burnin`): a shown option that cannot start costs a step, never a free
+   retry, and an agent decides at most once per env step, so K x N x T bounds a rollout's decisions (the
+   compiled rollout's buffers).
 
 Scoring modes (:class:`PolicyConfig.mode`):
 
@@ -440,6 +445,9 @@ class RolloutResult:
     batches: list | None = None
     parse_mismatch: int = 0
     waves: int = 0
+    #: Decisions the LLM was run for: all of them in the host loop; in the compiled ``choice_only`` rollout those
+    #: whose menu had two or more letters (a one-letter draw needs no model).
+    model_rows: int = 0
 
     @property
     def num_decisions(self) -> int:
@@ -673,8 +681,9 @@ class Roller:
                 self._executor_failures(rec_fail, asked, traces, stats)
                 asked.clear()
             self._outcomes(rec_fail, pending, traces)
-            # Agents left without an option (parse failure, no wait option) idle for one step.
-            force = ((choice < 0) & need).any(axis=1)
+            # Agents left without an option (parse failure, no wait option) or whose option failed at its start idle
+            # for one step (module docstring, step 4).
+            force = (((choice < 0) & need) | np.asarray(rec_fail.valid)).any(axis=1)
             it += 1
         if bar is not None:
             bar.close()
@@ -693,6 +702,7 @@ class Roller:
             seconds=time.perf_counter() - t_start,
             llm_seconds=llm_s,
             waves=it,
+            model_rows=len(decisions),
         )
 
     def _executor_failures(self, rec, asked: dict, traces: list, stats: parsing.ParseStats) -> None:

@@ -449,12 +449,16 @@ class Trainer:
     # -- one round --------------------------------------------------------------------------------------
 
     def pack(self, res: RolloutResult, adv: np.ndarray) -> ts.DecisionBatch:
-        """The round's decisions as one token batch (D padded for the micro-batch size).
+        """The round's decisions as one token batch (D padded for the micro-batch size), forced choices after the
+        others (:func:`jaxopt_marl.train_step.trainable_first`: their micro-batches cost the update no forward).
 
         A compiled rollout's batch is built on the device from its decision buffers
         (:func:`jaxopt_marl.compiled_rollout.decision_batch`); the host loop's is packed from its lists.
         """
         multiple = max(1, self.mcfg.micro_batch) * self.mcfg.num_minibatches * self.step.mesh.size
+        return ts.trainable_first(self._pack(res, adv, multiple))
+
+    def _pack(self, res: RolloutResult, adv: np.ndarray, multiple: int) -> ts.DecisionBatch:
         if res.device is not None:
             from jaxopt_marl import compiled_rollout
 
@@ -571,6 +575,7 @@ class Trainer:
             # The host loop times its LLM calls; the compiled rollout is one program (None: not separable).
             "perf/llm_s": None if np.isnan(res.llm_seconds) else res.llm_seconds,
             "perf/waves": int(res.waves),
+            "perf/model_rows": int(res.model_rows),
             "perf/update_s": t_upd,
             "perf/round_s": time.perf_counter() - t0,
         }
@@ -593,7 +598,7 @@ class Trainer:
         parse = type(res.parse)()
         for t in traces:
             parse.counts[t["parse"]] += 1
-        scalars = dist.allgather(np.asarray([res.parse_mismatch, res.waves, res.seconds], np.float64))
+        scalars = dist.allgather(np.asarray([res.parse_mismatch, res.waves, res.seconds, res.model_rows], np.float64))
         merged = distributed.merge_decisions(dist, res.device[0].decisions, offset)
         return dataclasses.replace(
             res,
@@ -607,6 +612,7 @@ class Trainer:
             parse_mismatch=int(scalars[:, 0].sum()),
             waves=int(scalars[:, 1].max()),
             seconds=float(scalars[:, 2].max()),
+            model_rows=int(scalars[:, 3].sum()),
         )
 
     def train(

@@ -21,16 +21,36 @@ CHOICE_STEPS = 8
 ONE_BRANCH = cr.ChunkConfig(row_sizes=(4,), pad_rows=True, length_step=4096)
 
 
-def _roller(game, mode, chunks=ONE_BRANCH, batch=2, temperature=1.0, steps=STEPS, max_new_tokens=6, interface="menu"):
+def _roller(
+    game,
+    mode,
+    chunks=ONE_BRANCH,
+    batch=2,
+    temperature=1.0,
+    steps=STEPS,
+    max_new_tokens=6,
+    interface="menu",
+    burnin_episodes=0,
+):
+    """A compiled roller on the tiny random decoder; guards from a uniform burn-in of ``burnin_episodes`` solo +
+    as many joint 200-step episodes (none: no guards)."""
     import envs_jax
+
+    from jaxopt_marl import burnin
 
     env = envs_jax.make(game, max_steps=steps)
     lib = options.get_library(game, env)
+    mined = []
+    if burnin_episodes:
+        env_b = envs_jax.make(game, max_steps=200)
+        lib_b = options.get_library(game, env_b)
+        res = burnin.run_burnin(lib_b, env_b, burnin_episodes, burnin_episodes, seed=0, chunk=2 * burnin_episodes)
+        mined = burnin.synthesize(lib_b, res.codes)
     n = lib.num_agents
     model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=n, rank=2, alpha=4.0))
     cfg = rollout.PolicyConfig(mode=mode, temperature=temperature, max_new_tokens=max_new_tokens, interface=interface)
     return cr.CompiledRoller(
-        game, env, lib, guards.compile_guards([], lib.vocab), model, tok, cfg, batch=batch, chunks=chunks
+        game, env, lib, guards.compile_guards(mined, lib.vocab), model, tok, cfg, batch=batch, chunks=chunks
     )
 
 
@@ -353,3 +373,37 @@ def test_host_loop_parity_native(game, steps):
         assert a.traj["actions"][t["rollout"], t["step"], t["aid"]] == r.lib.option_names.index(t["option"])
         assert "\nLayout: " in t["prompt"] and "- Last 5 actions: " in t["prompt"]
     assert "primitive action" in a.traces[0]["prompt_text"]  # the native system turn
+
+
+def test_one_letter_menus_cost_no_model_compute():
+    """``choice_only`` over Forced Coordination's guarded menus (about half have a single letter, ``wait``, here
+    and 76% in 400-step episodes): a one-letter draw has one outcome and log-prob exactly 0, so the compiled rollout
+    runs the LLM only on the menus of two or more letters, and still plays the host loop's episodes (which runs it
+    on every decision)."""
+    r = _roller("overcooked_fc", "choice_only", chunks=cr.ChunkConfig.single(4), steps=24, burnin_episodes=10)
+    a, _ = _assert_host_parity(r, [3, 4], jax.random.PRNGKey(5))
+    n_let = np.array([t["n_letters"] for t in a.traces])
+    assert (n_let == 1).sum() > 5 and (n_let >= 2).sum() > 5, np.bincount(n_let)
+    assert a.model_rows == (n_let >= 2).sum()
+    assert all(t["logp"] == 0.0 and t["choice"] == "A" for t in a.traces if t["n_letters"] == 1)
+
+
+def test_an_option_failing_at_its_start_costs_the_step():
+    """An option that fails at its start (here: no guards, so many shown options cannot start) terminates at
+    once and its agent idles that env step, deciding again at the next: at most one decision per agent per env
+    step, so the K x N x T decision buffers cannot overflow (this 8-step Forced Coordination case once made 35
+    decisions for 32 slots, up to 7 by one agent in one step), and the host loop plays the same rule."""
+    r = _roller("overcooked_fc", "choice_only", chunks=cr.ChunkConfig.single(4), steps=8)
+    a, _ = _assert_host_parity(r, [7, 8], jax.random.PRNGKey(4))
+    keys = [(t["rollout"], t["aid"], t["step"]) for t in a.traces]
+    assert len(keys) == len(set(keys)) <= 2 * 2 * 8
+    nxt = {}
+    for t in a.traces:
+        nxt.setdefault((t["rollout"], t["aid"]), []).append(t)
+    retried = [
+        (x, y)
+        for seq in nxt.values()
+        for x, y in zip(seq, seq[1:])
+        if x["outcome"].startswith("explicit:") and y["step"] == x["step"] + 1
+    ]
+    assert len(retried) >= 3  # start failures, each followed by a decision at the next step

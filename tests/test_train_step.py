@@ -678,3 +678,58 @@ def test_progress_ticks_per_micro_batch_leave_the_update_bit_identical():
     assert outside.n == 0
     for a, b in zip(jax.tree.leaves(out[False]), jax.tree.leaves(out[True])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_forced_choices_cost_no_forward_and_change_nothing():
+    """A ``choice_only`` decision with one candidate (a one-letter menu) has log-prob exactly 0 under every adapter
+    and the reference, so its ratio is 1, its KL 0 and its gradient 0: a micro-batch holding only such rows (and
+    padding) is skipped, and ``trainable_first`` gathers them into such micro-batches. The update is the same as
+    with every forced row sharing a micro-batch with a real choice (computed), up to summation order; the
+    skipped rows' stored log-probs are never read (poisoned with NaN, nothing changes)."""
+    graphdef, adapters, base = split_model(_model(3, seed=8))
+    adapters = _randomise_b(adapters, seed=5)
+    real = [[10, 11, 12], [10, 11], [20, 21, 22], [10, 11, 12, 13], [11, 12], [12, 13]]
+    choices = [c for pair in zip(real, [[13], [14], [15], [16], [17], [18]]) for c in pair]  # real, forced, ...
+    agents = [0, 0, 2, 2, 1, 1, 0, 0, 2, 1, 1, 2]
+    _, spread = _prefixed_pair(agents, np.linspace(-1.0, 1.0, 12), choices=choices, response_len=1, seed=9)
+    assert spread.choice_ids.shape[0] == 16  # 12 decisions + 4 padding rows
+    want = [True, False] * 6 + [False] * 4
+    np.testing.assert_array_equal(ts.trainable(spread), want)
+    first = ts.trainable_first(spread)
+    assert isinstance(first.tokens, np.ndarray)  # a host packing stays on the host
+    order = [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11, 12, 13, 14, 15]
+    for name in ("tokens", "attention_mask", "response_mask", "agent_ids", "advantages", "valid", "choice_ids"):
+        np.testing.assert_array_equal(getattr(first, name), np.asarray(getattr(spread, name))[order], err_msg=name)
+    assert (first.response_len, first.prefix) == (spread.response_len, spread.prefix)
+
+    cfg = magrpo.MAGRPOConfig.smoke(micro_batch=2, kl_beta=0.1, optimizer="sgd")
+    step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=3)
+    forced = np.flatnonzero(~np.asarray(want) & np.asarray(spread.valid))
+    for ids in (jnp.asarray(spread.agent_ids), jnp.full((16,), -1, jnp.int32)):  # adapters, reference
+        lp = np.asarray(step.score(base, adapters, spread, ids))
+        assert (lp[forced] == 0.0).all() and (lp[:12:2] != 0.0).all()  # exactly 0: a softmax over one candidate
+
+    def update(batch):
+        batch = step.prepare(base, adapters, batch)
+        return batch, step.update(base, adapters, step.optimizer.init(adapters), batch, jax.random.key(0))
+
+    _, (a_spread, _, m_spread) = update(spread)  # each micro-batch has a real choice: every row is computed
+    prepared, (a_first, _, m_first) = update(first)  # rows 6-11 (forced) and 12-15 (padding): skipped
+    lp = np.abs(np.asarray(prepared.logp_ref)).max()
+    for x, y in zip(jax.tree.leaves(a_first), jax.tree.leaves(a_spread)):
+        # The same nonzero gradient terms summed in other groupings (SGD: the step is linear in the gradient).
+        assert_fp32_close(x, y, N_GRAD, scale=np.abs(np.asarray(y)).max(), k=2 * 8.0)
+    for k in m_first:
+        scale = lp * max(1.0, np.abs(np.asarray(m_spread[k])).max())
+        assert_fp32_close(m_first[k], m_spread[k], N_GRAD, scale=scale, k=2 * 8.0, err_msg=k)
+    np.testing.assert_array_equal(m_first["count"], m_spread["count"])  # forced rows count in each agent's mean
+    np.testing.assert_array_equal(m_first["ratio_max"][0], [1.0, 1.0, 1.0])
+
+    nan = np.asarray(prepared.logp_ref).copy()
+    nan[6:12] = np.nan
+    poisoned = prepared.replace(logp_ref=jnp.asarray(nan), logp_old=jnp.asarray(np.where(np.isnan(nan), np.nan, 0.0)))
+    a_nan, _, m_nan = step.update(base, adapters, step.optimizer.init(adapters), poisoned, jax.random.key(0))
+    for x, y in zip(jax.tree.leaves(a_nan), jax.tree.leaves(a_first)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for k in m_first:
+        np.testing.assert_array_equal(m_nan[k], m_first[k], err_msg=k)
