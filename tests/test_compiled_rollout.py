@@ -35,7 +35,6 @@ def _roller(
     """A compiled roller on the tiny random decoder; guards from a uniform burn-in of ``burnin_episodes`` solo +
     as many joint 200-step episodes (none: no guards)."""
     import envs_jax
-
     from jaxopt_marl import burnin
 
     env = envs_jax.make(game, max_steps=steps)
