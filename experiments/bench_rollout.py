@@ -23,6 +23,10 @@ steps, decisions, waves, compiled_decisions_per_s, host_decisions_per_s, bare_fo
 ms_per_wave`` and the raw seconds (compile apart: ``compile_s``, ``host_first_call_s``); in ``sample`` mode also
 ``parse``: the compiled rollout's parse outcomes by reason and the failure rate with its exact 95% interval
 (issue #12 item 5: with ``--model default`` and adapters at zero, the frozen base's rate at the given budget).
+``model_rows`` counts the decisions the LLM ran for (in ``choice_only`` a one-letter menu needs none).
+``--update`` also times one round's PA-MAGRPO update on the compiled rollout's batch (:func:`time_update`), rows in
+rollout order against the trainer's order (forced choices last, whose micro-batches cost no forward): JSON
+``update``.
 """
 
 from __future__ import annotations
@@ -70,6 +74,45 @@ def bare_forward_batches(roller, res, policy) -> list[tuple]:
     return out
 
 
+def time_update(roller, res, repeats: int) -> dict:
+    """Seconds of one round's PA-MAGRPO update (``prepare`` + ``update``: the run presets' micro-batch size, one
+    minibatch, the smoke preset's other settings) on the compiled rollout's batch, median of ``repeats`` after a
+    compiling call, in rollout order and with the forced choices last (:func:`jaxopt_marl.train_step.trainable_first`,
+    what the trainer does); the same decisions and advantages (+1 / -1 alternating by rollout), so the same
+    update up to summation order."""
+    import jax
+
+    from jaxopt_marl import compiled_rollout as cr
+    from jaxopt_marl import magrpo
+    from jaxopt_marl import train_step as ts
+    from jaxopt_marl.config import MICRO_BATCH
+    from lora import split_model
+
+    graphdef, adapters, base = split_model(roller.model)
+    mcfg = magrpo.MAGRPOConfig.smoke(temperature=roller.cfg.temperature, micro_batch=MICRO_BATCH)
+    step = ts.make_train_step(graphdef, mcfg, ts.make_mesh(1), num_adapters=roller.model.lora_cfg.num_adapters)
+    adv = np.where(np.arange(len(res.returns)) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    batch = cr.decision_batch(roller, res, adv, row_multiple=MICRO_BATCH, prefix=roller.prefix_ids)
+    out = {"rows": int(batch.num_decisions), "trainable": int(np.asarray(ts.trainable(batch)).sum())}
+    for name, b in (("rollout_order_s", batch), ("forced_last_s", ts.trainable_first(batch))):
+        times = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            prepared = step.prepare(base, adapters, b)
+            jax.block_until_ready(
+                step.update(base, adapters, step.optimizer.init(adapters), prepared, jax.random.key(0))
+            )
+            if i:  # the first call compiles
+                times.append(time.perf_counter() - t0)
+        out[name] = float(np.median(times))
+    out["speedup"] = out["rollout_order_s"] / out["forced_last_s"]
+    print(
+        f"update ({out['rows']} rows, {out['trainable']} with two or more letters): rollout order "
+        f"{out['rollout_order_s']:.2f} s, forced choices last {out['forced_last_s']:.2f} s ({out['speedup']:.2f}x)"
+    )
+    return out
+
+
 def parse_summary(stats) -> dict:
     """The compiled rollout's parse outcomes (``sample`` mode): ``{"counts": {reason: n}, "failure":
     {"k", "n", "rate", "ci"}}``, the failure rate with its exact 95% interval (:func:`jaxopt_marl.stats.rate_ci`).
@@ -101,6 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--traces", default=None, help="write the compiled rollout's decision traces here")
     ap.add_argument("--out", default=None, help="write the results JSON here")
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="also time the PA-MAGRPO update on the compiled rollout's batch, rows in rollout order and with the "
+        "forced (one-letter) choices last (train_step.trainable_first)",
+    )
     args = ap.parse_args(argv)
 
     from jaxopt_marl.config import GAMES, NUM_AGENTS
@@ -188,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"compiled: {decisions} decisions in {waves} waves, {compiled_s:.3f} s (median of {args.repeats}; "
         f"first call {compile_s:.1f} s with compile) -> {decisions / compiled_s:.1f} decisions/s, "
-        f"{1e3 * compiled_s / max(waves, 1):.2f} ms/wave; returns {res.returns.tolist()}"
+        f"{1e3 * compiled_s / max(waves, 1):.2f} ms/wave; the LLM ran for {res.model_rows}; returns "
+        f"{res.returns.tolist()}"
     )
     parse = parse_summary(res.parse) if args.mode == "sample" else None
     if parse is not None and res.parse.total:
@@ -201,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
 
         Path(args.traces).mkdir(parents=True, exist_ok=True)
         _write_jsonl(Path(args.traces) / f"bench_{args.game}_{args.interface}_{args.mode}.jsonl", res.traces)
+
+    upd = time_update(roller, res, args.repeats) if args.update else None
 
     # 2. Bare forward over the same prompts, padded as the host loop pads them.
     policy = rollout.LLMPolicy(model, tok, args.game, pcfg)
@@ -273,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
         "host_decisions": host_dec,
         "host_decisions_per_s": (host_dec / host_s) if host_s else None,
         "compiled_vs_host": ((decisions / compiled_s) / (host_dec / host_s)) if host_s else None,
+        "model_rows": res.model_rows,
+        "update": upd,
         "parse_mismatch": res.parse_mismatch,
         "parse": parse,
         "prompt_limit": roller.prompt.max_len,
