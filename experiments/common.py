@@ -71,6 +71,13 @@ OVERRIDES = (
         "samples, with a 32-token response budget unless --mode / --max-new-tokens say otherwise)",
     ),
     (
+        "letters",
+        "letters",
+        str,
+        "menu letters: shuffled per decision (paper §5.1; default) | fixed (the menu's construction order: a "
+        "learning-signal diagnostic, not the method; menu interface only)",
+    ),
+    (
         "eval_checkpoint",
         "eval_checkpoint",
         str,

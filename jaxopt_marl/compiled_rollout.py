@@ -309,7 +309,7 @@ class CompiledRoller:
 
         # The interface (jaxopt_marl.interfaces): menu, or native (the primitive actions as a fixed-letter menu of
         # one-step options, no guards), as the host loop (rollout.Roller) plays them; compound_json has no letters.
-        self.interface = interfaces.SPECS[cfg.interface]
+        self.interface = interfaces.rollout_spec(cfg)
         if cfg.interface not in prompt_ids.DEVICE_INTERFACES:
             raise ValueError(
                 f"{game}: interface {cfg.interface!r} plays the host loop (jaxopt_marl.rollout.Roller); the compiled "
@@ -586,7 +586,8 @@ class CompiledRoller:
             )(seeds, agents, ndec)
             menu = menu_fn(ms.env, jnp.broadcast_to(agents, (k, n)), dkeys)
             if not self.interface.shuffle:  # native: the actions in the simulator's order, as the host loop
-                menu = menu._replace(letters=interfaces.fixed_letters(menu.inst.valid, jnp))
+                fixed_over = menu.letters >= 0 if self.interface.name == interfaces.MENU else menu.inst.valid
+                menu = menu._replace(letters=interfaces.fixed_letters(fixed_over, jnp))
             shown = menu.letters >= 0
             n_let = shown.sum(-1).astype(jnp.int32)
             llm_row = need & active

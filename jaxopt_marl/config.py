@@ -72,6 +72,9 @@ DEFAULT_MODEL = "default"  # --model default: the embedded SmolLM2-135M-Instruct
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (GGUF)"
 EVAL_CHECKPOINTS = ("best", "final")  # best: paper §6.1 checkpoint rule; final: the last round's adapters
 CHUNKINGS = ("auto", "single")  # the compiled rollout's model calls per wave (RunConfig.chunking)
+# The menu's letters (RunConfig.letters): "shuffled" per decision with an episode-seeded key (paper §5.1, the method)
+# or "fixed" in the menu's construction order (a diagnostic, not the paper's: a letter then keeps its place).
+LETTER_ORDERS = ("shuffled", "fixed")
 CHECKPOINT_RULE = "highest training-time team return (paper §6.1)"
 NUM_AGENTS = {"cleanup": 7, "harvest": 7, "overcooked_aa": 2, "overcooked_fc": 2}
 # Per-game paper values (§6.1; "Cleanup and Commons Harvest" share one set, Overcooked-AI the other).
@@ -251,6 +254,10 @@ class RunConfig:
     # compound action, no menu and no guards: Ablation D; "sample" mode only). The menu and native interfaces run
     # the compiled rollout, compound_json the host loop (jaxopt_marl.rollout.Roller).
     interface: str = "menu"
+    # Menu letters (LETTER_ORDERS; "menu" interface only): "shuffled" (paper §5.1) or "fixed" (the instances'
+    # construction order, so a letter's meaning depends on the menu only through which instances it shows: a
+    # learning-signal diagnostic that a model which cannot read can still learn from, not the method).
+    letters: str = "shuffled"
     # Burn-in: this many solo plus this many joint episodes (uniform over the guardless menu; paper §5.1: 2000).
     burnin_episodes: int = PAPER_BURNIN_EPISODES
     # Burn-in episode length (None = episode_steps).
@@ -292,6 +299,12 @@ class RunConfig:
         if self.interface == INTERFACES[2] and self.mode != "sample":
             raise ValueError(
                 f"interface compound_json needs mode 'sample' (there is no menu letter to score), got {self.mode!r}"
+            )
+        if self.letters not in LETTER_ORDERS:
+            raise ValueError(f"unknown letter order {self.letters!r}; valid: {', '.join(LETTER_ORDERS)}")
+        if self.letters == "fixed" and self.interface != INTERFACES[0]:
+            raise ValueError(
+                f"letters 'fixed' is a menu-interface option; interface {self.interface!r} has its own letters"
             )
         if self.chunking not in CHUNKINGS:
             raise ValueError(f"unknown chunking {self.chunking!r}; valid: {', '.join(CHUNKINGS)}")
@@ -373,6 +386,7 @@ class RunConfig:
             max_new_tokens=self.max_new_tokens,
             shared_adapter=self.magrpo.shared_adapter,
             interface=self.interface,
+            shuffle_letters=self.letters == LETTER_ORDERS[0],
         )
 
     def replace(self, **kw) -> RunConfig:

@@ -463,6 +463,16 @@ SPECS = {
 }
 
 
+def rollout_spec(cfg) -> InterfaceSpec:
+    """The :class:`InterfaceSpec` a rollout under ``cfg`` (a :class:`jaxopt_marl.rollout.PolicyConfig`) plays: its
+    interface's, with the menu's letters in construction order (over the shown instances) when
+    ``cfg.shuffle_letters`` is False."""
+    spec = SPECS[cfg.interface]
+    if cfg.interface == MENU and not cfg.shuffle_letters:
+        spec = dataclasses.replace(spec, shuffle=False)
+    return spec
+
+
 def rollout_library(interface: str, lib: OptionLibrary) -> OptionLibrary:
     """The library a rollout under ``interface`` runs: :class:`NativeLibrary` of ``lib`` for ``native``."""
     check_interface(interface)
@@ -501,6 +511,7 @@ __all__ = [
     "parse_compound",
     "resolve_compound",
     "rollout_library",
+    "rollout_spec",
     "run_overrides",
     "system_message",
     "user_message",

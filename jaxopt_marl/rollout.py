@@ -77,6 +77,9 @@ class PolicyConfig:
     prefix_cache: bool = True
     # What the LLM is shown and answers (jaxopt_marl.interfaces): the option menu, native actions, compound JSON.
     interface: str = interfaces.MENU
+    # Menu letters shuffled per decision (paper §5.1); False: in the instances' construction order (the "fixed"
+    # diagnostic of jaxopt_marl.config.RunConfig.letters; menu interface only).
+    shuffle_letters: bool = True
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -472,7 +475,7 @@ class Roller:
     def __init__(self, game: str, env, lib, guards, policy: LLMPolicy, menu_seed: int = 0):
         from jaxopt_marl import guards as G
 
-        self.interface = interfaces.SPECS[policy.cfg.interface]
+        self.interface = interfaces.rollout_spec(policy.cfg)
         if self.interface.name == interfaces.NATIVE and not isinstance(lib, interfaces.NativeLibrary):
             lib = interfaces.NativeLibrary(lib)
         if self.interface.name != interfaces.MENU:  # no guards (native: nothing to guard; Ablation D: removed)
@@ -593,7 +596,7 @@ class Roller:
             m_opt, m_tgt, m_let = (np.asarray(x) for x in (menu.inst.opt, menu.inst.target, menu.letters))
             m_valid = np.asarray(menu.inst.valid)
             if not self.interface.shuffle:  # native: the actions in the simulator's order; compound: every instance
-                m_let = interfaces.fixed_letters(m_valid)
+                m_let = interfaces.fixed_letters(m_let >= 0 if self.interface.name == interfaces.MENU else m_valid)
             snap = self.snapshot(ms.env)
             rows = [(b, a) for b in range(k_roll) for a in range(n) if need[b, a] and active[a]]
             choice = np.full((k_roll, n), -1, np.int32)

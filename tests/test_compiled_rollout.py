@@ -31,6 +31,7 @@ def _roller(
     max_new_tokens=6,
     interface="menu",
     burnin_episodes=0,
+    shuffle_letters=True,
 ):
     """A compiled roller on the tiny random decoder; guards from a uniform burn-in of ``burnin_episodes`` solo +
     as many joint 200-step episodes (none: no guards)."""
@@ -47,7 +48,13 @@ def _roller(
         mined = burnin.synthesize(lib_b, res.codes)
     n = lib.num_agents
     model, tok = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=n, rank=2, alpha=4.0))
-    cfg = rollout.PolicyConfig(mode=mode, temperature=temperature, max_new_tokens=max_new_tokens, interface=interface)
+    cfg = rollout.PolicyConfig(
+        mode=mode,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        interface=interface,
+        shuffle_letters=shuffle_letters,
+    )
     return cr.CompiledRoller(
         game, env, lib, guards.compile_guards(mined, lib.vocab), model, tok, cfg, batch=batch, chunks=chunks
     )
@@ -408,3 +415,19 @@ def test_an_option_failing_at_its_start_costs_the_step():
         if x["outcome"].startswith("explicit:") and y["step"] == x["step"] + 1
     ]
     assert len(retried) >= 3  # start failures, each followed by a decision at the next step
+
+
+def test_fixed_letters_follow_the_menu_construction_order(oc_choice):
+    """``letters="fixed"`` (a diagnostic, not the paper's shuffle): the shown instances get A, B, C, ... in their
+    slot order, in the compiled rollout and the host loop alike; the shuffle (``oc_choice``) does not."""
+    from jaxopt_marl import interfaces
+
+    def in_order(res):
+        dec = res.device[0].decisions
+        let = np.asarray(dec.menu_letters)[: int(dec.count)]
+        return (let == interfaces.fixed_letters(let >= 0)).all(axis=1)
+
+    r = _roller("overcooked_aa", "choice_only", chunks=cr.ChunkConfig.single(4), steps=8, shuffle_letters=False)
+    a, _ = _assert_host_parity(r, [5, 6], jax.random.PRNGKey(2))
+    assert in_order(a).all() and a.num_decisions > 10
+    assert not in_order(oc_choice.collect([5, 6], jax.random.PRNGKey(2))).all()

@@ -53,6 +53,8 @@ def test_unknown_names_are_value_errors():
     for kw, message in (
         ({"mode": "beam"}, "unknown scoring mode 'beam'"),
         ({"chunking": "x"}, "unknown chunking 'x'"),
+        ({"letters": "sorted"}, "unknown letter order 'sorted'; valid: shuffled, fixed"),
+        ({"letters": "fixed", "interface": "native"}, "letters 'fixed' is a menu-interface option; interface 'native'"),
         ({"eval_checkpoint": "last"}, "unknown eval checkpoint 'last'"),
         ({"no_such_field": 1}, "unknown RunConfig field(s): no_such_field"),
     ):
@@ -211,3 +213,11 @@ def test_force_with_a_bad_input_leaves_the_old_run_intact(tmp_path, capfd, monke
     err = capfd.readouterr().err.splitlines()
     assert e.value.code == INPUT_ERROR_STATUS and err[-1].startswith("error: overcooked_aa: the prompt needs 999")
     assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def test_letter_order_reaches_the_rollouts():
+    """``letters`` (config.json key) becomes the rollouts' PolicyConfig.shuffle_letters: shuffled by default
+    (paper §5.1), in construction order with "fixed"."""
+    assert config.RunConfig.paper("cleanup").policy_config().shuffle_letters is True
+    fixed = config.RunConfig.smoke("cleanup", letters="fixed")
+    assert fixed.policy_config().shuffle_letters is False and fixed.flat_dict()["letters"] == "fixed"
