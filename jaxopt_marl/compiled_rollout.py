@@ -26,8 +26,8 @@ K rollouts and N agents, with static shapes throughout. A wave:
    later its outcome) goes into preallocated ``[D]`` device arrays (:class:`DecisionBuffers`, D = K N T).
 
 **Chunks.** Rows that do not decide cost no model compute (in ``choice_only`` neither do rows whose menu has
-a single letter: the draw has one outcome and its log-prob is exactly 0), and padding is bounded: the wave's deciding rows
-are sorted by prompt length (longest first) and cut into chunks whose row count comes from a static set
+a single letter: the draw has one outcome and its log-prob is exactly 0), and padding is bounded: the wave's
+deciding rows are sorted by prompt length (longest first) and cut into chunks whose row count comes from a static set
 (:class:`ChunkConfig`: on CPU single rows, or 8, 4, 2, 1 taken greedily when decoding, so no row is ever padded;
 on a GPU a few larger sizes with padding, since there a row costs almost nothing) and whose prompt columns are the chunk's longest
 prompt rounded up to ``length_step`` tokens. One ``lax.switch`` branch per (rows, columns) pair runs the
@@ -586,8 +586,9 @@ class CompiledRoller:
             )(seeds, agents, ndec)
             menu = menu_fn(ms.env, jnp.broadcast_to(agents, (k, n)), dkeys)
             if not self.interface.shuffle:  # native: the actions in the simulator's order, as the host loop
-                fixed_over = menu.letters >= 0 if self.interface.name == interfaces.MENU else menu.inst.valid
-                menu = menu._replace(letters=interfaces.fixed_letters(fixed_over, jnp))
+                menu = menu._replace(
+                    letters=interfaces.unshuffled_letters(self.interface, menu.letters, menu.inst.valid, jnp)
+                )
             shown = menu.letters >= 0
             n_let = shown.sum(-1).astype(jnp.int32)
             llm_row = need & active

@@ -473,6 +473,14 @@ def rollout_spec(cfg) -> InterfaceSpec:
     return spec
 
 
+def unshuffled_letters(spec: InterfaceSpec, letters, valid, xp=np):
+    """``int32[..., I]``: the letters a rollout shows when ``spec.shuffle`` is False: :func:`fixed_letters` over the
+    shown slots (``letters >= 0``, the guarded menu) for ``menu``, over every valid slot otherwise (native: the
+    actions in the simulator's order; compound_json: every instance). The host loop and the compiled rollout
+    both call it (``xp`` as in :func:`fixed_letters`)."""
+    return fixed_letters(letters >= 0 if spec.name == MENU else valid, xp)
+
+
 def rollout_library(interface: str, lib: OptionLibrary) -> OptionLibrary:
     """The library a rollout under ``interface`` runs: :class:`NativeLibrary` of ``lib`` for ``native``."""
     check_interface(interface)
@@ -514,5 +522,6 @@ __all__ = [
     "rollout_spec",
     "run_overrides",
     "system_message",
+    "unshuffled_letters",
     "user_message",
 ]

@@ -596,7 +596,7 @@ class Roller:
             m_opt, m_tgt, m_let = (np.asarray(x) for x in (menu.inst.opt, menu.inst.target, menu.letters))
             m_valid = np.asarray(menu.inst.valid)
             if not self.interface.shuffle:  # native: the actions in the simulator's order; compound: every instance
-                m_let = interfaces.fixed_letters(m_let >= 0 if self.interface.name == interfaces.MENU else m_valid)
+                m_let = interfaces.unshuffled_letters(self.interface, m_let, m_valid)
             snap = self.snapshot(ms.env)
             rows = [(b, a) for b in range(k_roll) for a in range(n) if need[b, a] and active[a]]
             choice = np.full((k_roll, n), -1, np.int32)

@@ -273,8 +273,7 @@ def trainable_first(batch: DecisionBatch) -> DecisionBatch:
     xp = np if isinstance(batch.valid, np.ndarray) else jnp
     rank = xp.where(trainable(batch), 0, xp.where(batch.valid, 1, 2))
     order = xp.argsort(rank, stable=True)
-    fields = {f: getattr(batch, f) for f in DecisionBatch.__dataclass_fields__ if f not in ("response_len", "prefix")}
-    return batch.replace(**{f: None if v is None else v[order] for f, v in fields.items()})
+    return jax.tree.map(lambda x: x[order], batch)  # the static fields (response_len, prefix) are not leaves
 
 
 def prefix_kv(model: Decoder, prefix: Sequence[int], adapter_rows: jax.Array) -> tuple:
@@ -666,6 +665,24 @@ def make_train_step(
         else:
             tick(dep)
 
+    def loss_of(lp, old, ref, mb, groups, counts):
+        """The PA-MAGRPO loss and metrics (:func:`jaxopt_marl.magrpo.magrpo_loss`) of micro-batch ``mb``'s rows
+        with these log-probs, under this configuration."""
+        return magrpo.magrpo_loss(
+            lp,
+            old,
+            ref,
+            mb.advantages,
+            mb.valid,
+            groups,
+            n,
+            clip_eps=config.clip_eps,
+            kl_beta=config.kl_beta,
+            policy_loss=config.policy_loss,
+            kl_estimator=config.kl_estimator,
+            counts=counts,
+        )
+
     def grads_and_metrics(base, adapters, kv, mb, first, counts):
         groups = groups_of(mb.agent_ids)
 
@@ -685,20 +702,7 @@ def make_train_step(
             else:  # logp_old's value (scored by prepare), the live gradient
                 old = mb.logp_old
                 lp = jnp.where(first, mb.logp_old + (live - jax.lax.stop_gradient(live)), live)
-            loss, metrics = magrpo.magrpo_loss(
-                lp,
-                old,
-                mb.logp_ref,
-                mb.advantages,
-                mb.valid,
-                groups,
-                n,
-                clip_eps=config.clip_eps,
-                kl_beta=config.kl_beta,
-                policy_loss=config.policy_loss,
-                kl_estimator=config.kl_estimator,
-                counts=counts,
-            )
+            loss, metrics = loss_of(lp, old, mb.logp_ref, mb, groups, counts)
             return loss, (metrics, jax.lax.stop_gradient(live))
 
         (_, (metrics, live)), (grads, kv_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
@@ -727,20 +731,7 @@ def make_train_step(
             no gradient, log-probs 0 (:func:`trainable`), and the loss's metric terms of those zeros."""
             g, g_kv, _, live = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(compute, chunk))
             zero = jnp.zeros(chunk.valid.shape, jnp.float32)
-            _, m = magrpo.magrpo_loss(
-                zero,
-                zero,
-                zero,
-                chunk.advantages,
-                chunk.valid,
-                groups_of(chunk.agent_ids),
-                n,
-                clip_eps=config.clip_eps,
-                kl_beta=config.kl_beta,
-                policy_loss=config.policy_loss,
-                kl_estimator=config.kl_estimator,
-                counts=counts,
-            )
+            _, m = loss_of(zero, zero, zero, chunk, groups_of(chunk.agent_ids), counts)
             g, g_kv, live = varying((g, g_kv, live))  # m is computed from this device's rows already
             return g, g_kv, m, live
 
