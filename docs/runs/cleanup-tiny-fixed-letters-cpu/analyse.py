@@ -5,7 +5,7 @@
 Reads RUN_DIR/decisions/round_*.jsonl (one record per decision: `choice`, `option`, `aid`, `n_letters`,
 `outcome`) and, for evaluations, RUN_DIR/decisions/eval*.jsonl. Prints JSON: per file, the decisions, the share
 of each option type, the share of each letter among menus of >= 2 letters, the per-agent option shares, and the
-start-failure share.
+start-failure share, and the specialisation index (`jaxopt_marl.audit`).
 """
 
 import collections
@@ -14,27 +14,28 @@ import json
 import os
 import sys
 
+from jaxopt_marl import audit
+
 
 def summarise(path):
-    opt, letter, outcome = (collections.Counter() for _ in range(3))
-    agents = collections.defaultdict(collections.Counter)
-    n = real = 0
-    for line in open(path):
-        r = json.loads(line)
-        n += 1
-        opt[r["option"] or "none"] += 1
-        outcome[r["outcome"]] += 1
-        agents[r["aid"]][r["option"] or "none"] += 1
-        if r["n_letters"] >= 2:
-            real += 1
-            letter[r["choice"]] += 1
-    share = lambda c, d: {k: round(v / d, 4) for k, v in sorted(c.items())}  # noqa: E731
+    recs = [json.loads(line) for line in open(path)]
+    names, counts = audit.option_histogram(recs)  # int64[N, options]
+    letter = collections.Counter(r["choice"] for r in recs if r["n_letters"] >= 2)
+    outcome = collections.Counter(r["outcome"] for r in recs)
+    total = counts.sum(axis=0)
+
+    def share(c, d):
+        return {k: round(float(v) / d, 4) for k, v in sorted(c.items())}
+
     return {
-        "decisions": n,
-        "option_share": share(opt, n),
-        "letter_share_real_choices": share(letter, max(real, 1)),
-        "outcome_share": share(outcome, n),
-        "per_agent_option_share": {a: share(c, sum(c.values())) for a, c in sorted(agents.items())},
+        "decisions": len(recs),
+        "option_share": share(dict(zip(names, total)), max(len(recs), 1)),
+        "letter_share_real_choices": share(letter, max(sum(letter.values()), 1)),
+        "outcome_share": share(outcome, max(len(recs), 1)),
+        "per_agent_option_share": {
+            a: share(dict(zip(names, row)), max(int(row.sum()), 1)) for a, row in enumerate(counts)
+        },
+        "specialisation_index": round(audit.specialisation_index(counts), 4),
     }
 
 
