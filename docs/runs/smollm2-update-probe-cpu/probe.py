@@ -13,6 +13,14 @@ preference to move at the same learning rate.
 
     python docs/runs/smollm2-update-probe-cpu/probe.py --traces TRACE.jsonl --lr 5e-5 --rounds 40 --out F.json
 
+With ``--shuffle`` (the paper's per-decision letter shuffle, §5.1): every rollout of every round shows each agent
+its menu under a fresh random lettering, and the target is an option (its phrase), not a letter, so a letter
+preference earns nothing; P(target) is the mean over ``--heldout`` fixed letterings never trained on. This asks
+whether the update teaches SmolLM2 to read the option phrase, which the paper's method needs and a random model
+cannot do.
+
+    python docs/runs/smollm2-update-probe-cpu/probe.py --traces TRACE.jsonl --trim --shuffle --rounds 12 --out F.json
+
 TRACE.jsonl: decision records with `prompt_ids` and `n_letters` (`python -m experiments.bench rollout --game
 cleanup --model tiny-random --rollouts 1 --steps 2 --no-host --repeats 1 --traces DIR`; the tiny model shares
 SmolLM2's tokenizer, so the ids are SmolLM2's).
@@ -52,6 +60,33 @@ def trim(text):
     return f"{head}<|im_start|>user\n{player}\n\n{menu}"
 
 
+MENU_HEAD, MENU_TAIL = "Action menu:\n", "\n\nChoose one."
+
+
+def menu_phrases(text):
+    """The option phrases of the prompt's menu, in its order (each line ``X) phrase``)."""
+    body = text.split(MENU_HEAD, 1)[1].split(MENU_TAIL, 1)[0]
+    return [line.split(") ", 1)[1] for line in body.split("\n")]
+
+
+def relettered(text, order):
+    """The prompt with its menu lines rewritten: letter j shows phrase ``order[j]`` of :func:`menu_phrases`."""
+    head, rest = text.split(MENU_HEAD, 1)
+    tail = rest.split(MENU_TAIL, 1)[1]
+    phrases = menu_phrases(text)
+    body = "\n".join(f"{menus.LETTERS[j]}) {phrases[o]}" for j, o in enumerate(order))
+    return f"{head}{MENU_HEAD}{body}{MENU_TAIL}{tail}"
+
+
+def pad_left(prompts, width):
+    ids = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros((len(prompts), width), bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = True
+    return jnp.asarray(ids), jnp.asarray(mask)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", required=True)
@@ -60,6 +95,8 @@ def main():
     ap.add_argument("--agents", type=int, default=2, help="adapters (each its own bandit)")
     ap.add_argument("--game", default="cleanup")
     ap.add_argument("--trim", action="store_true", help="drop the state lines from the prompts (see trim)")
+    ap.add_argument("--shuffle", action="store_true", help="a fresh lettering per rollout; the target is an option")
+    ap.add_argument("--heldout", type=int, default=8, help="with --shuffle: letterings P(target) is measured on")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -70,50 +107,79 @@ def main():
     lcfg = lora_config(a.game, 32)
     lcfg = dataclasses.replace(lcfg, num_adapters=a.agents)
     model, tok = load_policy_model(None, lcfg, seed=a.seed)
+    texts = [trim(r["prompt_text"]) if a.trim else r["prompt_text"] for r in recs]
     if a.trim:
-        prompts = [tok.encode(trim(r["prompt_text"]), add_special_tokens=False) for r in recs]
+        prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     else:
         prompts = [list(r["prompt_ids"]) for r in recs]
+    n_opts = [r["n_letters"] for r in recs]
+    rng = np.random.default_rng(a.seed)
+    encode = lambda i, order: tok.encode(relettered(texts[i], order), add_special_tokens=False)  # noqa: E731
+    # --shuffle: the held-out letterings (drawn first, never trained on); prompts then holds them all
+    heldout = [[rng.permutation(n_opts[i]) for _ in range(a.heldout)] for i in range(a.agents)] if a.shuffle else []
+    if a.shuffle:
+        prompts = [encode(i, o) for i in range(a.agents) for o in heldout[i]]
     prefix = common_prefix(prompts)  # the system turn and the user turn's opening, run once per adapter
     letter_ids = [tok.encode(f" {c}", add_special_tokens=False)[0] for c in menus.LETTERS]
-    cands = [letter_ids[: r["n_letters"]] for r in recs]
+    cands = [letter_ids[:m] for m in n_opts]
     graphdef, adapters, base = split_model(model)
     step = ts.make_train_step(graphdef, cfg, ts.make_mesh(1), num_adapters=a.agents)
     opt = step.optimizer.init(adapters)
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((a.agents, width), np.int32)
-    mask = np.zeros((a.agents, width), bool)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = p
-        mask[i, width - len(p) :] = True
-    agents = jnp.arange(a.agents, dtype=jnp.int32)
+    width = max(len(p) for p in prompts) + (8 if a.shuffle else 0)  # room for letterings that tokenize longer
+
+    def letter_probs(adapters, rows, agent_of):
+        """P(letter) at the temperature for prompts ``rows``, row r on adapter ``agent_of[r]``."""
+        ids, mask = pad_left(rows, width)
+        state = nnx.state(nnx.merge(graphdef, adapters, base))
+        aid = jnp.asarray(agent_of, jnp.int32)
+        logits = sampling.forward(graphdef, state, ids, mask, agent_ids=aid)[:, -1]
+        return [
+            np.asarray(jax.nn.softmax(logits[r, jnp.asarray(cands[i])] / cfg.temperature))
+            for r, i in enumerate(agent_of)
+        ]
 
     def probs(adapters):
-        state = nnx.state(nnx.merge(graphdef, adapters, base))
-        logits = sampling.forward(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), agent_ids=agents)[:, -1]
+        """Fixed: P(letter) per agent. Shuffle: per agent, P(option) averaged over the held-out letterings."""
+        if not a.shuffle:
+            return letter_probs(adapters, prompts[: a.agents], list(range(a.agents)))
+        agent_of = [i for i in range(a.agents) for _ in range(a.heldout)]
+        pl = letter_probs(adapters, prompts, agent_of)
         out = []
-        for i, c in enumerate(cands):
-            out.append(np.asarray(jax.nn.softmax(logits[i, jnp.asarray(c)] / cfg.temperature)))
+        for i in range(a.agents):
+            po = np.zeros(n_opts[i])
+            for h, order in enumerate(heldout[i]):
+                po[order] += pl[i * a.heldout + h]  # letter j shows option order[j]
+            out.append(po / a.heldout)
         return out
 
     p0 = probs(adapters)
-    # target: the least likely letter among those the base gives >= 0.1, not its favourite (an option the base
-    # underweights but samples now and then, so that K = 4 rollouts see it)
+    # target: the least likely letter (with --shuffle: option) among those the base gives >= 0.1, not its
+    # favourite (one the base underweights but samples now and then, so that K = 4 rollouts see it)
     target = [int(min((j for j in range(len(p)) if p[j] >= 0.1 and j != p.argmax()), key=lambda j: p[j])) for p in p0]
-    rng = np.random.default_rng(a.seed)
     key = jax.random.key(a.seed)
     k, n = cfg.num_rollouts, a.agents
     log = []
     p = p0
     for rnd in range(a.rounds):
         t0 = time.perf_counter()
-        choice = np.array([[rng.choice(len(p[i]), p=p[i] / p[i].sum()) for i in range(n)] for _ in range(k)])
-        hit = choice == np.asarray(target)[None, :]
+        if a.shuffle:  # a fresh lettering per rollout and agent; the model's letter draw on it
+            orders = [[rng.permutation(n_opts[i]) for i in range(n)] for _ in range(k)]
+            rows = [encode(i, orders[r][i]) for r in range(k) for i in range(n)]
+            pl = letter_probs(adapters, rows, list(range(n)) * k)
+            letter = np.array(
+                [[rng.choice(n_opts[i], p=pl[r * n + i] / pl[r * n + i].sum()) for i in range(n)] for r in range(k)]
+            )
+            chosen = np.array([[orders[r][i][letter[r, i]] for i in range(n)] for r in range(k)])
+        else:
+            rows = [prompts[i] for _ in range(k) for i in range(n)]
+            letter = np.array([[rng.choice(len(p[i]), p=p[i] / p[i].sum()) for i in range(n)] for _ in range(k)])
+            chosen = letter
+        hit = chosen == np.asarray(target)[None, :]
         returns = hit.mean(axis=1).astype(np.float32)
         adv = np.asarray(magrpo.group_relative_advantage(jnp.asarray(returns)))
         batch = ts.pack_decisions(  # the round's K x N decisions, each with its rollout's advantage
-            [prompts[i] for _ in range(k) for i in range(n)],
-            [[cands[i][choice[r, i]]] for r in range(k) for i in range(n)],
+            rows,
+            [[cands[i][letter[r, i]]] for r in range(k) for i in range(n)],
             list(range(n)) * k,
             np.repeat(adv, n),
             prompt_len=width - len(prefix),
@@ -137,8 +203,14 @@ def main():
             "grad_norm": [float(x) for x in np.asarray(m["grad_norm"]).max(axis=0)],
             "s": time.perf_counter() - t0,
         }
+        if a.shuffle:  # P(letter) on the held-out letterings: a letter preference shows here, not in p_target
+            pl = letter_probs(adapters, prompts, [i for i in range(n) for _ in range(a.heldout)])
+            row["p_letter"] = [
+                np.mean(pl[i * a.heldout : (i + 1) * a.heldout], axis=0).round(4).tolist() for i in range(n)
+            ]
         log.append(row)
         print(json.dumps(row), flush=True)
+    phrases = [menu_phrases(t) for t in texts]
     out = {
         "learning_rate": cfg.learning_rate,
         "config": dataclasses.asdict(cfg),
@@ -146,9 +218,11 @@ def main():
         "prefix_tokens": len(prefix),
         "prompt_tokens": [len(x) for x in prompts],
         "trim": a.trim,
+        "shuffle": a.shuffle,
         "prompt_text": [tok.decode(x) for x in prompts],
         "menus": [r["menu"] for r in recs],
-        "target": [recs[i]["menu"][target[i]] for i in range(n)],
+        "target": [phrases[i][target[i]] if a.shuffle else recs[i]["menu"][target[i]] for i in range(n)],
+        "heldout_letterings": [[o.tolist() for o in h] for h in heldout],
         "p0": [x.tolist() for x in p0],
         "rounds": log,
     }
