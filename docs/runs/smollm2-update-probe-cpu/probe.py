@@ -92,6 +92,7 @@ def main():
     ap.add_argument("--traces", required=True)
     ap.add_argument("--lr", type=float, default=None, help="default: the paper preset's")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--rollouts", type=int, default=None, help="K; default: the paper preset's")
     ap.add_argument("--agents", type=int, default=2, help="adapters (each its own bandit)")
     ap.add_argument("--game", default="cleanup")
     ap.add_argument("--trim", action="store_true", help="drop the state lines from the prompts (see trim)")
@@ -103,7 +104,8 @@ def main():
 
     recs = [json.loads(line) for line in open(a.traces)]
     recs = sorted(recs, key=lambda r: -r["n_letters"])[: a.agents]  # the richest menus
-    cfg = magrpo.MAGRPOConfig.paper(a.game, **({"learning_rate": a.lr} if a.lr else {}))
+    over = {"learning_rate": a.lr, "num_rollouts": a.rollouts}
+    cfg = magrpo.MAGRPOConfig.paper(a.game, **{k: v for k, v in over.items() if v is not None})
     lcfg = lora_config(a.game, 32)
     lcfg = dataclasses.replace(lcfg, num_adapters=a.agents)
     model, tok = load_policy_model(None, lcfg, seed=a.seed)
