@@ -79,6 +79,9 @@ def relettered(text, order):
 
 
 def pad_left(prompts, width):
+    longest = max(len(p) for p in prompts)
+    if longest > width:
+        raise ValueError(f"a prompt of {longest} tokens is longer than the probe's width {width}")
     ids = np.zeros((len(prompts), width), np.int32)
     mask = np.zeros((len(prompts), width), bool)
     for i, p in enumerate(prompts):
@@ -141,9 +144,10 @@ def main():
         ]
 
     def probs(adapters):
-        """Fixed: P(letter) per agent. Shuffle: per agent, P(option) averaged over the held-out letterings."""
+        """Fixed: P(letter) per agent, and None. Shuffle: per agent, P(option) and P(letter), each averaged over the
+        held-out letterings (a letter preference shows in the second, not in the first)."""
         if not a.shuffle:
-            return letter_probs(adapters, prompts[: a.agents], list(range(a.agents)))
+            return letter_probs(adapters, prompts[: a.agents], list(range(a.agents))), None
         agent_of = [i for i in range(a.agents) for _ in range(a.heldout)]
         pl = letter_probs(adapters, prompts, agent_of)
         out = []
@@ -152,9 +156,9 @@ def main():
             for h, order in enumerate(heldout[i]):
                 po[order] += pl[i * a.heldout + h]  # letter j shows option order[j]
             out.append(po / a.heldout)
-        return out
+        return out, [np.mean(pl[i * a.heldout : (i + 1) * a.heldout], axis=0) for i in range(a.agents)]
 
-    p0 = probs(adapters)
+    p0, p_letter = probs(adapters)
     # target: the least likely letter (with --shuffle: option) among those the base gives >= 0.1, not its
     # favourite (one the base underweights but samples now and then, so that K = 4 rollouts see it)
     target = [int(min((j for j in range(len(p)) if p[j] >= 0.1 and j != p.argmax()), key=lambda j: p[j])) for p in p0]
@@ -195,7 +199,7 @@ def main():
         if updated:
             batch = step.prepare(base, adapters, batch)
             adapters, opt, m = step.update(base, adapters, opt, batch, sub)
-            p = probs(adapters)
+            p, p_letter = probs(adapters)
         row = {
             "round": rnd,
             "p_target": [float(p[i][target[i]]) for i in range(n)],
@@ -206,10 +210,7 @@ def main():
             "s": time.perf_counter() - t0,
         }
         if a.shuffle:  # P(letter) on the held-out letterings: a letter preference shows here, not in p_target
-            pl = letter_probs(adapters, prompts, [i for i in range(n) for _ in range(a.heldout)])
-            row["p_letter"] = [
-                np.mean(pl[i * a.heldout : (i + 1) * a.heldout], axis=0).round(4).tolist() for i in range(n)
-            ]
+            row["p_letter"] = [x.round(4).tolist() for x in p_letter]
         log.append(row)
         print(json.dumps(row), flush=True)
     phrases = [menu_phrases(t) for t in texts]
