@@ -21,6 +21,15 @@ cannot do.
 
     python docs/runs/smollm2-update-probe-cpu/probe.py --traces TRACE.jsonl --trim --shuffle --rounds 12 --out F.json
 
+With ``--augment M`` (and ``--shuffle``), each decision of a round is also trained under M - 1 fresh random
+letterings (the same chosen option, the same advantage; the letterings come from their own stream, so the rollouts
+are the unaugmented run's); with ``--cyclic``, under every cyclic shift of its drawn lettering, so the chosen option
+is trained once under each letter. Either way a letter's share of the gradient averages out across the rows of one
+decision while the option's adds up: the debiasing-by-permutation idea of Zheng et al. 2023 ("Large Language Models
+Are Not Robust Multiple Choice Selectors", arXiv 2309.03882), applied to the update rather than to inference.
+
+    python docs/runs/smollm2-update-probe-cpu/probe.py --traces TRACE.jsonl --trim --shuffle --augment 4 --out F.json
+
 TRACE.jsonl: decision records with `prompt_ids` and `n_letters` (`python -m experiments.bench rollout --game
 cleanup --model tiny-random --rollouts 1 --steps 2 --no-host --repeats 1 --traces DIR`; the tiny model shares
 SmolLM2's tokenizer, so the ids are SmolLM2's).
@@ -101,10 +110,27 @@ def main():
     ap.add_argument("--trim", action="store_true", help="drop the state lines from the prompts (see trim)")
     ap.add_argument("--shuffle", action="store_true", help="a fresh lettering per rollout; the target is an option")
     ap.add_argument("--heldout", type=int, default=8, help="with --shuffle: letterings P(target) is measured on")
+    ap.add_argument(
+        "--augment",
+        type=int,
+        default=1,
+        help="with --shuffle: train each decision under this many letterings (the drawn one + fresh ones); 1 = off",
+    )
+    ap.add_argument(
+        "--cyclic",
+        action="store_true",
+        help="with --shuffle: train each decision under every cyclic shift of its drawn lettering (letter-balanced)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
+    if a.augment < 1 or (a.augment > 1 and not a.shuffle):
+        raise ValueError(f"--augment {a.augment}: needs an integer >= 1, and --shuffle when above 1")
+    if a.cyclic and (a.augment > 1 or not a.shuffle):
+        raise ValueError(
+            f"--cyclic needs --shuffle and no --augment (got --augment {a.augment}, --shuffle {a.shuffle})"
+        )
     recs = [json.loads(line) for line in open(a.traces)]
     recs = sorted(recs, key=lambda r: -r["n_letters"])[: a.agents]  # the richest menus
     over = {"learning_rate": a.lr, "num_rollouts": a.rollouts}
@@ -119,6 +145,7 @@ def main():
         prompts = [list(r["prompt_ids"]) for r in recs]
     n_opts = [r["n_letters"] for r in recs]
     rng = np.random.default_rng(a.seed)
+    aug_rng = np.random.default_rng([a.seed, 1])  # --augment's letterings: rng's stream stays the unaugmented run's
     encode = lambda i, order: tok.encode(relettered(texts[i], order), add_special_tokens=False)  # noqa: E731
     # --shuffle: the held-out letterings (drawn first, never trained on); prompts then holds them all
     heldout = [[rng.permutation(n_opts[i]) for _ in range(a.heldout)] for i in range(a.agents)] if a.shuffle else []
@@ -183,14 +210,27 @@ def main():
         hit = chosen == np.asarray(target)[None, :]
         returns = hit.mean(axis=1).astype(np.float32)
         adv = np.asarray(magrpo.group_relative_advantage(jnp.asarray(returns)))
+        train_rows, train_letters = list(rows), letter.reshape(-1).tolist()  # rollout-major, as rows
+        train_agents, train_adv = list(range(n)) * k, np.repeat(adv, n).tolist()
+        # (rollout, agent, lettering) of every extra training row: the same option and advantage, another lettering
+        extra = [
+            (r, i, aug_rng.permutation(n_opts[i])) for _ in range(a.augment - 1) for r in range(k) for i in range(n)
+        ]
+        if a.cyclic:  # shift s shows the drawn lettering rotated by s: the chosen option once under every letter
+            extra = [(r, i, np.roll(orders[r][i], s)) for r in range(k) for i in range(n) for s in range(1, n_opts[i])]
+        for r, i, order in extra:
+            train_rows.append(encode(i, order))
+            train_letters.append(int(np.flatnonzero(order == chosen[r, i])[0]))
+            train_agents.append(i)
+            train_adv.append(float(adv[r]))
         batch = ts.pack_decisions(  # the round's K x N decisions, each with its rollout's advantage
-            rows,
-            [[cands[i][letter[r, i]]] for r in range(k) for i in range(n)],
-            list(range(n)) * k,
-            np.repeat(adv, n),
+            train_rows,
+            [[cands[i][j]] for j, i in zip(train_letters, train_agents)],
+            train_agents,
+            np.asarray(train_adv, np.float32),
             prompt_len=width - len(prefix),
             prefix=prefix,
-            choices=[cands[i] for _ in range(k) for i in range(n)],
+            choices=[cands[i] for i in train_agents],
             pad_to_multiple=8,
         )
         key, sub = jax.random.split(key)
@@ -222,6 +262,8 @@ def main():
         "prompt_tokens": [len(x) for x in prompts],
         "trim": a.trim,
         "shuffle": a.shuffle,
+        "augment": a.augment,
+        "cyclic": a.cyclic,
         "prompt_text": [tok.decode(x) for x in prompts],
         "menus": [r["menu"] for r in recs],
         "target": [phrases[i][target[i]] if a.shuffle else recs[i]["menu"][target[i]] for i in range(n)],
