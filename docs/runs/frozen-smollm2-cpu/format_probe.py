@@ -43,6 +43,7 @@ from flax import nnx
 
 from jaxopt_marl import parsing, prompts
 from jaxopt_marl.config import GAMES, RunConfig
+from jaxopt_marl.rollout import left_pad
 from lora import load_model, sampling
 from lora.tokenizer import stop_token_ids
 
@@ -152,6 +153,7 @@ def main():
             variant_key = jax.random.fold_in(
                 jax.random.fold_in(jax.random.key(args.seed), GAMES.index(game)), VARIANTS.index(variant)
             )
+            row_keys = jax.random.split(variant_key, len(recs))
             for b0 in range(0, len(recs), args.batch):
                 chunk = recs[b0 : b0 + args.batch]
                 texts, prefixes = [], []
@@ -161,13 +163,8 @@ def main():
                     texts.append(t)
                     prefixes.append(p)
                 ids = [tok.encode(t, add_special_tokens=False) for t in texts]
-                width = max(len(x) for x in ids)
-                pid = np.full((len(ids), width), pad, np.int32)
-                msk = np.zeros((len(ids), width), bool)
-                for r, x in enumerate(ids):
-                    pid[r, width - len(x) :] = x
-                    msk[r, width - len(x) :] = True
-                keys = jax.random.split(variant_key, len(recs))[b0 : b0 + len(chunk)]
+                pid, msk = left_pad(ids, pad, len(ids), max(len(x) for x in ids))
+                keys = row_keys[b0 : b0 + len(chunk)]
                 gen = sampling.generate_rows(
                     graphdef, state, pid, msk, keys, None, temp, max_new_tokens=budget, eos_ids=eos, pad_id=pad
                 )
