@@ -43,7 +43,7 @@ import optax
 from flax import nnx
 
 from jaxopt_marl import menus, parsing
-from jaxopt_marl.config import GAMES, RunConfig, lora_config
+from jaxopt_marl.config import GAMES, RunConfig
 from jaxopt_marl.rollout import left_pad, load_policy_model
 from lora import sampling, split_model
 from lora.tokenizer import stop_token_ids
@@ -99,7 +99,17 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--responses", default=None, help="also write every sampled held-out answer here (JSONL)")
     a = ap.parse_args()
-    eval_at = sorted({int(x) for x in a.eval_at.split(",")})
+    try:
+        eval_at = sorted({int(x) for x in a.eval_at.split(",")})
+    except ValueError:
+        raise SystemExit(f"error: --eval-at {a.eval_at!r}: not a comma-separated list of integers") from None
+    if a.base_draw_temperature != "paper":
+        try:
+            ok = float(a.base_draw_temperature) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SystemExit(f"error: --base-draw-temperature {a.base_draw_temperature!r}: a number > 0 or 'paper'")
     if eval_at[0] < 0 or eval_at[-1] > a.steps:
         raise SystemExit(f"error: --eval-at {a.eval_at}: each must be in [0, --steps {a.steps}]")
 
@@ -112,14 +122,15 @@ def main():
         games.append(g)
         train[g], held[g] = tr, [ho[i] for i in sorted(pick)]
 
-    lcfg = dataclasses.replace(lora_config(games[0], 32), num_adapters=1)
+    # one adapter of the first game's paper-preset LoRA (Cleanup / Harvest: rank 32, alpha 64)
+    lcfg = dataclasses.replace(RunConfig.paper(games[0]).lora, num_adapters=1)
     model, tok = load_policy_model(None, lcfg, seed=a.seed)
     graphdef, adapters, base = split_model(model)
     eos = stop_token_ids(tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    end_of_turn = eos[0] if len(eos) == 1 else tok.convert_tokens_to_ids("<|im_end|>")
-    if end_of_turn not in eos:
-        raise ValueError(f"no end-of-turn token among the stop ids {eos}")
+    if len(eos) != 1:  # SmolLM2: <|im_end|> is both the template's end of turn and the EOS
+        raise ValueError(f"expected one stop token (end of turn = EOS), got {eos}")
+    end_of_turn = eos[0]
     letter_ids = np.array([tok.encode(f" {c}", add_special_tokens=False)[0] for c in menus.LETTERS], np.int32)
 
     def prompt_of(rec):  # (chat text through the generation prompt, the state label)
@@ -159,7 +170,7 @@ def main():
 
     @jax.jit
     def choice_probs(adapters, ids, mask, cand):
-        """P(letter) over the menu's letters after each row (a `choice_only` prompt), at the temperature column."""
+        """float32[B, 26]: the logits of each row's candidate letter tokens ``cand`` after the row (-1 = none)."""
         m = nnx.merge(graphdef, adapters, base)
         h, _ = m.hidden(ids, attention_mask=mask, agent_ids=jnp.zeros(ids.shape[0], jnp.int32))
         return m.logits(h[:, -1], jnp.maximum(cand, 0))
@@ -170,8 +181,8 @@ def main():
             cand[r, :n] = letter_ids[:n]
         return jnp.asarray(cand)
 
-    def base_choice_probs(prompt_id_lists, sizes, temp):
-        """P(letter) of the frozen base (adapters zero at init) over each row's menu letters, at ``temp``."""
+    def letter_dists(adapters, prompt_id_lists, sizes, temp):
+        """P(letter) over each row's first ``sizes[r]`` menu letters at ``temp``, after `choice_only` prompts."""
         out = []
         for b0 in range(0, len(prompt_id_lists), a.eval_batch):
             ids = prompt_id_lists[b0 : b0 + a.eval_batch]
@@ -187,7 +198,8 @@ def main():
     train_letter_p = {}
     if a.letter_target == "base":
         for g in games:
-            train_letter_p[g] = base_choice_probs(
+            train_letter_p[g] = letter_dists(  # adapters still at init (B = 0): the frozen base
+                adapters,
                 [x for _, _, _, x in examples[g]],
                 [n for _, _, n, _ in examples[g]],
                 RunConfig.paper(g).magrpo.temperature
@@ -209,7 +221,8 @@ def main():
             temp, budget = paper.magrpo.temperature, paper.max_new_tokens
             recs = held[g]
             counts, labels_ok, letters_chosen, t0 = {}, 0, [], time.time()
-            probs_g = []
+            # the choice_only distribution: the trace prompt ends with "state: <label>\nchoice:"
+            probs_g = letter_dists(adapters, [r["prompt_ids"] for r in recs], [len(r["menu"]) for r in recs], temp)
             for b0 in range(0, len(recs), a.eval_batch):
                 chunk = recs[b0 : b0 + a.eval_batch]
                 bases = [prompt_of(r) for r in chunk]
@@ -232,16 +245,7 @@ def main():
                     pad_id=pad,
                 )
                 toks, gmask = np.asarray(gen.tokens), np.asarray(gen.mask)
-                # the choice_only distribution: the trace prompt ends with "state: <label>\nchoice:"
-                cids = [r["prompt_ids"] for r in chunk]
-                cw = quantised(max(len(x) for x in cids))
-                cid, cmsk = left_pad(cids, pad, a.eval_batch, cw)
-                logits = np.asarray(choice_probs(adapters, cid, cmsk, menu_candidates([len(r["menu"]) for r in chunk])))
-                logits = logits / temp
                 for r, rec in enumerate(chunk):
-                    n = len(rec["menu"])
-                    p = np.exp(logits[r, :n] - logits[r, :n].max())
-                    probs_g.append(p / p.sum())
                     resp = [int(t) for t, mk in zip(toks[r], gmask[r]) if mk and int(t) not in eos]
                     text = tok.decode(resp, skip_special_tokens=True)
                     res = parsing.parse_response(text, format_probe.letters_of(rec["menu"]))
