@@ -86,6 +86,13 @@ OVERRIDES = (
     ),
     ("solo_episodes", "solo_episodes", int, "solo test (paper §6.4) on this many evaluation seeds; 0 = skip"),
     (
+        "format_warmup",
+        "format_warmup",
+        int,
+        "format warm-up: this many supervised LoRA steps on the two-line answer, merged into the base before "
+        "round 0 (ours, not the paper; menu interface, sample mode; 0 = none, the default)",
+    ),
+    (
         "chunking",
         "chunking",
         str,

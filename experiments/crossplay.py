@@ -209,6 +209,12 @@ def _differing(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
 def check_compatible(runs: Sequence[Run], episodes: int | None = None) -> None:
     """InputError naming each :data:`MUST_MATCH` or :data:`EVAL_MUST_MATCH` key whose value differs, with the
     value of every run; and ``eval_episodes`` when it differs and ``episodes`` (``--episodes``) is not given."""
+    warmed = [f"{r.dir} ({r.config['format_warmup']} steps)" for r in runs if r.config.get("format_warmup")]
+    if warmed:
+        raise InputError(
+            "cross-play seats every run's adapters on one frozen base; a format warm-up (jaxopt_marl.format_warmup) "
+            "merged its own steps into each run's base, so these runs cannot be crossed: " + ", ".join(warmed)
+        )
     diffs = _differing(runs, MUST_MATCH)
     if diffs:
         raise InputError("cross-play needs runs of one game, model and agent count; they differ in " + "; ".join(diffs))

@@ -281,6 +281,11 @@ class RunConfig:
     # (:meth:`jaxopt_marl.compiled_rollout.ChunkConfig.for_backend`), "single" = one padded call per wave
     # (:meth:`~jaxopt_marl.compiled_rollout.ChunkConfig.single`: one compile; for tiny models and short runs).
     chunking: str = "auto"
+    # Format warm-up (ours, not the paper: jaxopt_marl.format_warmup): this many supervised LoRA steps that teach
+    # the two-line answer, merged into the frozen base before the first round, so "adapters off" (the KL
+    # reference, the frozen-base evaluation) is the warmed-up base; 0 = none (the paper: PA-MAGRPO starts from the
+    # frozen base). Menu interface, "sample" mode only (docs/runs/smollm2-format-warmup-cpu/: 15 steps).
+    format_warmup: int = 0
     # PA-MAGRPO hyper-parameters: K (num_rollouts), the sampling temperature (read by the rollouts' policy too,
     # :meth:`policy_config`), learning rate, KL weight, PPO clip, epochs, gradient clip, micro-batch, one adapter
     # for all agents (shared_adapter, Ablation B), ...; each declared once, with its paper source, in MAGRPOConfig.
@@ -305,6 +310,17 @@ class RunConfig:
         if self.letters == "fixed" and self.interface != INTERFACES[0]:
             raise ValueError(
                 f"letters 'fixed' is a menu-interface option; interface {self.interface!r} has its own letters"
+            )
+        _require(
+            "format_warmup",
+            self.format_warmup,
+            _int(self.format_warmup) and self.format_warmup >= 0,
+            "an integer >= 0 (supervised steps; 0 = no warm-up)",
+        )
+        if self.format_warmup and (self.interface != INTERFACES[0] or self.mode != "sample"):
+            raise ValueError(
+                f"format_warmup {self.format_warmup}: the format warm-up teaches the menu's two-line answer "
+                f"(interface 'menu', mode 'sample'), got interface {self.interface!r}, mode {self.mode!r}"
             )
         if self.chunking not in CHUNKINGS:
             raise ValueError(f"unknown chunking {self.chunking!r}; valid: {', '.join(CHUNKINGS)}")

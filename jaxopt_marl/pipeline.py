@@ -45,6 +45,7 @@ RUN_FILES = (
     "burnin/records.parquet",
     "burnin/burnin.json",
     "guards.jsonl",
+    "format_warmup.json",
     "metrics.jsonl",
     "checkpoints/",
     "best/",
@@ -251,6 +252,8 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
         raise InputError(
             "rounds 0 (no training: evaluate the frozen base) runs in one process, not under --distributed"
         )
+    if cfg.format_warmup and dist is not None:
+        raise InputError("--format-warmup runs in one process, not under --distributed")
     if not compiled_loop and dist is not None:
         raise InputError(
             f"interface {cfg.interface} plays the host rollout loop; several processes need the compiled rollout "
@@ -334,6 +337,17 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
             )
     except ValueError as e:  # a model whose adapters do not fit the mode: before any compute
         raise InputError(str(e)) from None
+    # 2a. The optional format warm-up (ours, not the paper): supervised steps merged into the base, so that
+    # "adapters off" (the KL reference, the frozen-base evaluation) is the warmed-up base from here on.
+    if cfg.format_warmup:
+        from jaxopt_marl import format_warmup
+
+        fw = format_warmup.run(cfg, roller, tok, out, resume=resume, progress=progress)
+        print(
+            f"format warm-up (not the paper): {fw['steps']} supervised steps on {fw['examples']} decisions of "
+            f"the frozen base (its parse failures {fw['base_parse_fail_rate']:.2f}); loss "
+            f"{fw['losses'][0]['loss']:.3f} -> {fw['losses'][-1]['loss']:.3f}; merged into the base"
+        )
     # 3. Training (none for rounds 0: no trainer, no checkpoints; the evaluation plays the frozen base).
     # 4. Evaluation on held-out seeds (trained adapters, then the frozen base on the same menus), solo test, GIF.
     # Several processes: all restore the adapters (collective), process 0 alone plays and writes (run's docstring).

@@ -410,6 +410,7 @@ def section_header(cfg: dict | None, run_dir: Path) -> list[str]:
             "episodes and/or a smaller model than the paper (§6.1). Its numbers show that the pipeline "
             "runs end to end; they are not comparable with the paper's tables.",
         ]
+    lines += section_format_warmup(cfg, run_dir)
     rest = {k: v for k, v in cfg.items() if k not in {"name", "game", "preset", "model", "model_path", "seed"}}
     if rest:
         lines += [
@@ -420,6 +421,32 @@ def section_header(cfg: dict | None, run_dir: Path) -> list[str]:
             "",
             "</details>",
         ]
+    return lines
+
+
+def section_format_warmup(cfg: dict, run_dir: Path) -> list[str]:
+    """The caveat of a run with a format warm-up (``format_warmup`` > 0, :mod:`jaxopt_marl.format_warmup`), with
+    the figures of its ``format_warmup.json``; nothing for the paper's runs."""
+    steps = cfg.get("format_warmup") or 0
+    if not steps:
+        return []
+    lines = [
+        "",
+        f"> **Format warm-up (not the paper).** Before round 0, {steps} supervised LoRA steps taught the two-line "
+        'answer (uniform letters) and were merged into the base, so every "frozen base" below (the KL '
+        "reference, the frozen-base evaluation) is the warmed-up base (`jaxopt_marl.format_warmup`).",
+    ]
+    path = Path(run_dir) / "format_warmup.json"
+    try:
+        fw = json.loads(path.read_text())
+        losses = fw["losses"]
+        lines[-1] += (
+            f" It learnt from {fw['examples']} decisions of {fw['episodes']} frozen-base episodes, whose parse "
+            f"failure rate was {fmt(fw['base_parse_fail_rate'], 2)}; loss {fmt(losses[0]['loss'], 3)} -> "
+            f"{fmt(losses[-1]['loss'], 3)}."
+        )
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        lines[-1] += " `format_warmup.json` is missing or unreadable."
     return lines
 
 

@@ -39,6 +39,9 @@ CHANNELS = ("interface", "lora_init", "rollout", "minibatch")
 #: ``fold_in`` constant of the interface channel's library draw (ours; distinct from the round indices < 10**6
 #: and the evaluation's 10**6).
 LIBRARY_FOLD = 2 * 10**6
+#: ``fold_in`` constant of the optional format warm-up's draws (``--format-warmup``, :mod:`jaxopt_marl.format_warmup`;
+#: ours, not the paper's: distinct from the rounds < 10**6, the evaluation's 10**6 and :data:`LIBRARY_FOLD`).
+FORMAT_WARMUP_FOLD = 3 * 10**6
 
 
 def _check(seed: int) -> int:
@@ -83,6 +86,13 @@ def minibatch_key(seed: int, round_idx: int) -> jax.Array:
     return round_keys(seed, round_idx)[1]
 
 
+def format_warmup_key(seed: int) -> jax.Array:
+    """The key of the optional format warm-up (:mod:`jaxopt_marl.format_warmup`): ``fold_in(PRNGKey(seed),
+    FORMAT_WARMUP_FOLD)``, uint32[2]. Its frozen-base episodes sample and reset with it; its row and letter draws
+    use a NumPy generator seeded with its two words. Not one of the paper's four channels: the warm-up is ours."""
+    return jax.random.fold_in(jax.random.PRNGKey(_check(seed)), FORMAT_WARMUP_FOLD)
+
+
 def channel_values(seed: int, round_idx: int = 0) -> dict[str, object]:
     """One concrete value per channel (what two seeds are compared on): the interface channel's library-draw key
     and letter-shuffle key of (episode 0, agent 0, decision 0), the LoRA init seed, and round ``round_idx``'s
@@ -101,8 +111,10 @@ def channel_values(seed: int, round_idx: int = 0) -> dict[str, object]:
 
 __all__ = [
     "CHANNELS",
+    "FORMAT_WARMUP_FOLD",
     "LIBRARY_FOLD",
     "channel_values",
+    "format_warmup_key",
     "interface_seed",
     "library_key",
     "lora_init_seed",

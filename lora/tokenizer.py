@@ -139,13 +139,38 @@ def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
-def stop_token_ids(tokenizer) -> tuple[int, ...]:
-    """The token ids that end an assistant reply: the chat template's end-of-turn token, and the EOS token.
+def end_of_turn_id(tokenizer) -> int | None:
+    """The chat template's end-of-turn token id, read from the checkpoint's own template (never looked up by
+    spelling): one assistant turn holding a sentinel is rendered (``render_chat``), and the first *special*
+    token after the sentinel is it (``<|im_end|>`` in SmolLM2 / Qwen ChatML, ``<|eot_id|>`` in Llama 3,
+    ``<end_of_turn>`` in Gemma). None: the template cannot render an assistant turn, or puts no special token
+    after it (logged as a warning).
 
-    The end-of-turn token is read from the checkpoint's own chat template, not assumed: one assistant turn
-    holding a sentinel is rendered (``render_chat``), and the first *special* token after the sentinel is it
-    (``<|im_end|>`` in SmolLM2 / Qwen ChatML, ``<|eot_id|>`` in Llama 3, ``<end_of_turn>`` in Gemma). A
-    template that cannot render an assistant turn, or puts no special token after it, leaves only the EOS.
+    Raises:
+      Errors of the template other than ``ValueError`` or jinja2's ``TemplateError`` propagate.
+    """
+    special = {int(i) for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    special |= {int(i) for i in tokenizer.all_special_ids}
+    sentinel = "\x00REPLY\x00"
+    try:
+        text = render_chat(
+            tokenizer,
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": sentinel}],
+            add_generation_prompt=False,
+        )
+    except (ValueError, _TemplateError) as e:  # no template, or the template's own raise_exception
+        log.warning("chat template cannot render an assistant turn (%s); the reply stops at EOS only", e)
+        return None
+    if sentinel not in text:
+        return None
+    tail = tokenizer(text.split(sentinel, 1)[1], add_special_tokens=False)["input_ids"]
+    return next((int(t) for t in tail if int(t) in special), None)
+
+
+def stop_token_ids(tokenizer) -> tuple[int, ...]:
+    """The token ids that end an assistant reply: the chat template's end-of-turn token (:func:`end_of_turn_id`),
+    and the EOS token.
+
     A token name is never looked up by spelling, so a vocabulary that lacks it cannot map it to its unknown
     or padding id (``convert_tokens_to_ids`` does that), which would stop generation on padding.
 
@@ -159,24 +184,10 @@ def stop_token_ids(tokenizer) -> tuple[int, ...]:
       ValueError: if the tokenizer has neither an EOS token nor an end-of-turn token in its template. Other
         errors of the template (anything but ``ValueError`` or jinja2's ``TemplateError``) propagate.
     """
-    special = {int(i) for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-    special |= {int(i) for i in tokenizer.all_special_ids}
     ids = set()
-    sentinel = "\x00REPLY\x00"
-    try:
-        text = render_chat(
-            tokenizer,
-            [{"role": "user", "content": "x"}, {"role": "assistant", "content": sentinel}],
-            add_generation_prompt=False,
-        )
-    except (ValueError, _TemplateError) as e:  # no template, or the template's own raise_exception
-        log.warning("chat template cannot render an assistant turn (%s); the reply stops at EOS only", e)
-        text = ""
-    if sentinel in text:
-        tail = tokenizer(text.split(sentinel, 1)[1], add_special_tokens=False)["input_ids"]
-        eot = next((int(t) for t in tail if int(t) in special), None)
-        if eot is not None:
-            ids.add(eot)
+    eot = end_of_turn_id(tokenizer)
+    if eot is not None:
+        ids.add(eot)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     if not ids:

@@ -15,6 +15,9 @@
 #                                 runs/device-<GAME>-<MODE>-s<SEED>
 #       BENCH_ROLLOUT=SECONDS: first time one compiled paper-preset rollout (issue #11's H200 target) into
 #       $OUT/rollout_bench.json, e.g. BENCH_ROLLOUT=150;
+#       WARMUP=STEPS: --format-warmup STEPS (sample mode, menu; ours, not the paper: STEPS supervised LoRA steps
+#       on the two-line answer merged into the base before round 0, jaxopt_marl.format_warmup); the run directory
+#       is then runs/device-<GAME>-<MODE>-w<STEPS>-s<SEED>, and format_warmup.json comes back in run.tar.gz;
 #       SEED=0, CALL_S=600 (the run call's timeout_s), PACK_S=60 (seconds kept for packing), EXTRA_ARGS="..."
 #       (more flags, e.g. --eval-episodes 20), MODEL=PATH (default: the joined GGUF; tiny-random for dry runs),
 #       REQUIRE_GPU=1, PYTHON=python3, SITE=/tmp/site (wheel install target), OUT (the tool's; else /tmp/device_out)
@@ -97,8 +100,19 @@ esac
 if [ -n "$ROUNDS" ] && ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]]; then
     fail "$STATUS_STAGING" "ROUNDS must be a positive integer, got '$ROUNDS'"
 fi
+WARMUP=${WARMUP:-0}
+if ! [[ "$WARMUP" =~ ^[0-9]+$ ]]; then
+    fail "$STATUS_STAGING" "WARMUP must be a number of steps >= 0, got '$WARMUP'"
+fi
+if [ "$WARMUP" != 0 ] && [ "$MODE" != sample ]; then
+    fail "$STATUS_STAGING" "WARMUP=$WARMUP needs MODE=sample (the warm-up teaches the sampled answer), got '$MODE'"
+fi
 RUN_DIR=runs/device-$GAME-$MODE-s$SEED
+[ "$WARMUP" != 0 ] && RUN_DIR=runs/device-$GAME-$MODE-w$WARMUP-s$SEED
 TABLE2=${TABLE2:-0}
+if [ "$TABLE2" = 1 ] && [ "$WARMUP" != 0 ]; then
+    fail "$STATUS_STAGING" "WARMUP is a single-run option; the Table 2 grid (TABLE2=1) runs the paper's cells"
+fi
 if [ "$TABLE2" = 1 ]; then
     RUN_DIR=runs/device-$GAME-table2-$MODE-s$SEED
     MODULE=experiments.table2
@@ -187,6 +201,7 @@ fi
 # 4. The run: resumed when the run directory exists; stopped by `timeout` so that packing still happens.
 ARGS=("${LAYOUT[@]}" --preset paper --model "$MODEL" --mode "$MODE" --seed "$SEED" --out "$RUN_DIR")
 [ -n "$ROUNDS" ] && ARGS+=(--rounds "$ROUNDS")
+[ "$WARMUP" != 0 ] && ARGS+=(--format-warmup "$WARMUP")
 ARGS+=("${EXTRA[@]}")
 FLAGS="${ARGS[*]}"
 DONE_MARK=$RUN_DIR/.device_done     # the flags of the last invocation that finished (not packed)
@@ -207,7 +222,7 @@ fi
 # 5. Pack: the small files loose, everything the report needs in one archive; if the archive would pass
 # TAR_MAX, the files of DROP leave it one by one from its end (the base's decisions first, the GIF last).
 SMALL=(config.json metrics.jsonl eval.json solo.json report.md)
-KEEP=("${SMALL[@]}" guards.jsonl burnin/burnin.json figures)
+KEEP=("${SMALL[@]}" guards.jsonl burnin/burnin.json format_warmup.json figures)
 DROP=(episode.gif decisions/eval.jsonl decisions/eval_base.jsonl)
 if [ "$TABLE2" = 1 ]; then  # the grid's summary loose; each cell's small files in the archive
     SMALL=(table2.json table2.md)

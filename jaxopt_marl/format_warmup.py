@@ -1,0 +1,303 @@
+"""Format warm-up (``--format-warmup S``; off by default, ours, not the paper): S supervised LoRA steps that teach
+a small model the two-line answer, merged into the frozen base before PA-MAGRPO's first round.
+
+Why: the frozen SmolLM2-135M-Instruct fails to parse 86-97% of its ``sample`` answers to the paper's §5.1
+contract (``docs/runs/frozen-smollm2-cpu/``, parts 1 and 4), and a failed parse makes the agent wait, so
+PA-MAGRPO in ``sample`` mode has little to learn from. 15 supervised steps of one LoRA adapter on answers with
+uniform letters made 93-100% of held-out ``sample`` answers parse, on two seeds
+(``docs/runs/smollm2-format-warmup-cpu/``, whose probe this module builds into the run). The paper starts
+PA-MAGRPO from the frozen base (§5.2); a run with a warm-up says so in ``config.json`` (``format_warmup``), on
+the console and in ``report.md``.
+
+Procedure (:func:`run`, called by :mod:`jaxopt_marl.pipeline` after the burn-in, before the trainer is built):
+
+1. *Prompts.* One call of K episodes (K = the run's ``num_rollouts``) played by the frozen base (adapters off)
+   in the run's ``sample`` mode, on the env seeds :func:`warmup_seeds` with the key
+   :func:`jaxopt_marl.seeding.format_warmup_key`. Every decision is one example: the prompt the model saw
+   (system turn, user turn, generation prompt) and the state label code of that decision
+   (:data:`jaxopt_marl.prompts.STATE_LABELS`).
+2. *Targets.* :data:`jaxopt_marl.prompt_ids.RESPONSE_PREFIX` with the label, then the letter token (``" B"``,
+   the one ``choice_only`` scores), then the chat template's end-of-turn token
+   (:func:`lora.tokenizer.end_of_turn_id`). The letter is drawn uniformly over the decision's menu letters, so
+   the targets carry the format and no option preference (under the per-decision letter shuffle a uniform letter
+   is a uniform option). The probe's alternatives failed: letters drawn from the base's own distribution
+   collapsed onto A on one seed of two, and a letter left out of the loss left the letter slot unlearnt.
+3. *Training.* S steps of AdamW (:data:`LEARNING_RATE`, no weight decay, global-norm clip :data:`MAX_GRAD_NORM`)
+   on adapter 0, :data:`BATCH_ROWS` examples a step drawn with replacement, loss = the mean cross-entropy of the
+   answer tokens at temperature 1. Every row is padded to the longest example, so the step compiles once.
+4. *Merge.* Each LoRA projection's kernel ``W <- W + scaling * A_0 @ B_0`` (:func:`merge_adapter`), then every
+   adapter is set back to its initial value (B = 0). PA-MAGRPO therefore starts as the paper's does, from
+   zero-delta adapters, on a warmed-up base: "adapters off" -- the update's KL reference, the frozen-base
+   evaluation, the solo test's and Table 2's frozen cells -- is the warmed-up base.
+5. *Written.* ``format_warmup/`` (orbax, :mod:`lora.checkpoint`: the adapters after step S, slice 0 trained,
+   the others at their initial values; meta: steps, rows, LoRA config) and ``format_warmup.json``
+   (:func:`summary_path`: losses per step, seconds, the examples, the frozen base's parse counts in step 1 and
+   the targets' letter counts). ``--resume`` merges the saved adapter again (:func:`apply_saved`) without
+   training.
+
+The merged base lives in the process only: anything that loads a warmed-up run's adapters onto a freshly loaded
+base (``experiments.crossplay``) must call :func:`apply_saved` first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxopt_marl import menus, prompts, seeding
+from jaxopt_marl.prompt_ids import RESPONSE_PREFIX
+from jaxopt_marl.rollout import left_pad
+from lora import checkpoint as ckpt
+from lora import sampling, split_model
+from lora.model import LoRALinear
+from lora.tokenizer import end_of_turn_id
+
+#: AdamW learning rate of the warm-up (docs/runs/smollm2-format-warmup-cpu/: the probe's 2e-4, not swept).
+LEARNING_RATE = 2e-4
+#: Examples per warm-up step (the probe's 8).
+BATCH_ROWS = 8
+#: Global-norm gradient clip of the warm-up (the probe's, as PA-MAGRPO's MAGRPOConfig.max_grad_norm = 1.0).
+MAX_GRAD_NORM = 1.0
+#: Env seeds of the warm-up's episodes start here: between the evaluation's 10000-10019 and the training seeds
+#: (>= 1,000,000, :data:`jaxopt_marl.trainer.TRAIN_SEED0`), so disjoint from both.
+WARMUP_SEED0 = 500_000
+#: Prompt columns are padded to a multiple of this (one width for every step: one compile).
+WIDTH_QUANTUM = 64
+#: The run directory's files.
+CHECKPOINT_DIR = "format_warmup"
+SUMMARY_FILE = "format_warmup.json"
+
+
+def warmup_seeds(seed: int, k: int) -> list[int]:
+    """The env seeds of the warm-up's K episodes: ``WARMUP_SEED0 + (1000 seed + i) mod 500000``, i < K, in
+    [500000, 1000000) (disjoint from evaluation and training; distinct across seeds < 500 with K <= 1000)."""
+    seed = int(seed)
+    return [WARMUP_SEED0 + (1000 * seed + i) % WARMUP_SEED0 for i in range(int(k))]
+
+
+def summary_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SUMMARY_FILE
+
+
+def answer_ids(tok, label: str, letter_id: int, end_id: int) -> list[int]:
+    """The target answer's token ids: ``RESPONSE_PREFIX`` with ``label`` (encoded as ``choice_only`` encodes
+    it), the letter token ``letter_id`` (``" B"``), the end-of-turn token ``end_id``."""
+    return [*tok.encode(RESPONSE_PREFIX.format(label=label), add_special_tokens=False), int(letter_id), int(end_id)]
+
+
+def examples_from(res, prefix: tuple[int, ...]) -> list[tuple[list[int], int, int]]:
+    """``(prompt ids, state label code, menu size)`` of every decision of one compiled call (``res.device[0]``,
+    :class:`jaxopt_marl.compiled_rollout.DecisionBuffers`): the prompt is ``prefix`` (the shared system turn)
+    then the decision's own tokens, as the model saw it."""
+    dec = jax.device_get(res.device[0].decisions)
+    p = dec.prompt.shape[1]
+    out = []
+    for d in range(int(dec.count)):
+        n = int(dec.prompt_len[d])
+        out.append(([*prefix, *(int(t) for t in dec.prompt[d, p - n :])], int(dec.label[d]), int(dec.n_letters[d])))
+    return out
+
+
+def lora_projections(model) -> list[LoRALinear]:
+    """Every :class:`lora.model.LoRALinear` of ``model`` that carries adapters, in graph order."""
+    return [m for _, m in nnx.iter_graph(model) if isinstance(m, LoRALinear) and m.lora_a is not None]
+
+
+def merge_adapter(model, index: int = 0) -> int:
+    """Adds adapter ``index``'s delta to the frozen kernels in place: ``W <- W + scaling * A_i @ B_i`` for every
+    LoRA projection (``W`` [..., in, out], ``A`` [..., N, in, r], ``B`` [..., N, r, out]; the leading axes are the
+    stacked layers). The sum is formed in float32 and cast to the kernel's dtype. The adapters are left as they
+    are. Returns the number of projections merged.
+
+    Raises:
+        ValueError: ``index`` is not an adapter of the model.
+    """
+    projs = lora_projections(model)
+    for m in projs:
+        a, b = m.lora_a[...], m.lora_b[...]
+        n = a.shape[-3]
+        if not 0 <= index < n:
+            raise ValueError(f"adapter index {index} out of range: the model has {n} adapters")
+        ai, bi = jnp.take(a, index, axis=a.ndim - 3), jnp.take(b, index, axis=b.ndim - 3)
+        delta = m.scaling * jnp.einsum("...ir,...ro->...io", ai.astype(jnp.float32), bi.astype(jnp.float32))
+        w = m.kernel[...]
+        m.kernel.value = (w.astype(jnp.float32) + delta).astype(w.dtype)
+    return len(projs)
+
+
+def _labels(game: str) -> tuple[str, ...]:
+    return prompts.STATE_LABELS[prompts.family(game)]
+
+
+def train(model, tok, game: str, examples, letter_ids, steps: int, seed: int, log=print) -> tuple[object, list]:
+    """Step 3: ``steps`` supervised steps on adapter 0 of ``model`` (updated in place).
+
+    Args:
+        examples: from :func:`examples_from` (at least one).
+        letter_ids: int32[26] the menu letters' token ids (``" A"`` .. ``" Z"``).
+
+    Returns:
+        ``(letter counts int64[26] of the targets drawn, per-step rows [{"step", "loss"}])``.
+
+    Raises:
+        ValueError: no examples, or a tokenizer without an end-of-turn or EOS token.
+    """
+    if not examples:
+        raise ValueError(f"{game}: the format warm-up's episodes gave no decision to learn from")
+    end = end_of_turn_id(tok)
+    end = tok.eos_token_id if end is None else end
+    if end is None:
+        raise ValueError("format warm-up: the tokenizer has no end-of-turn and no EOS token to end the answer")
+    labels = _labels(game)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    width = -(-max(len(x) for x, _, _ in examples) // WIDTH_QUANTUM) * WIDTH_QUANTUM
+    answer_width = max(len(answer_ids(tok, lab, letter_ids[0], end)) for lab in labels)
+    rng = np.random.default_rng(np.asarray(seeding.format_warmup_key(seed), np.uint32))
+    graphdef, adapters, base = split_model(model)
+    opt = optax.chain(optax.clip_by_global_norm(MAX_GRAD_NORM), optax.adamw(LEARNING_RATE, weight_decay=0.0))
+    opt_state = opt.init(adapters)
+
+    @jax.jit
+    def step(adapters, opt_state, base, pids, pmask, cids, cmask):
+        def loss_fn(ad):
+            m = nnx.merge(graphdef, ad, base)
+            lp = sampling.continuation_logprobs(
+                m, pids, pmask, cids, cmask, agent_ids=jnp.zeros(pids.shape[0], jnp.int32)
+            )
+            return -(lp * cmask).sum() / cmask.sum()
+
+        loss, grads = jax.value_and_grad(loss_fn)(adapters)
+        updates, opt_state = opt.update(grads, opt_state, adapters)
+        return optax.apply_updates(adapters, updates), opt_state, loss
+
+    counts = np.zeros(len(menus.LETTERS), np.int64)
+    rows = []
+    for s in range(1, steps + 1):
+        pick = rng.integers(0, len(examples), size=BATCH_ROWS)
+        prompt_rows, answers = [], []
+        for i in pick:
+            ids, label, n_menu = examples[int(i)]
+            j = int(rng.integers(0, n_menu))
+            counts[j] += 1
+            prompt_rows.append(ids)
+            answers.append(answer_ids(tok, labels[label], letter_ids[j], end))
+        pid, pm = left_pad(prompt_rows, pad, BATCH_ROWS, width)
+        cid = np.full((BATCH_ROWS, answer_width), pad, np.int32)
+        cm = np.zeros((BATCH_ROWS, answer_width), bool)
+        for r, x in enumerate(answers):
+            cid[r, : len(x)], cm[r, : len(x)] = x, True
+        adapters, opt_state, loss = step(adapters, opt_state, base, pid, pm, cid, cm)
+        rows.append({"step": s, "loss": float(loss)})
+        log(f"format warm-up step {s}/{steps}: loss {rows[-1]['loss']:.4f}")
+    nnx.update(model, adapters)
+    return counts, rows
+
+
+def run(cfg, roller, tok, out: Path, *, resume: bool = False, progress: bool = False, log=print) -> dict:
+    """Steps 1-5 for the run ``cfg`` (:class:`jaxopt_marl.config.RunConfig`, ``format_warmup`` > 0) on the
+    compiled ``roller``'s model, in place; on ``resume`` with a saved warm-up, :func:`apply_saved` instead.
+    Returns the summary written to ``format_warmup.json``."""
+    out = Path(out)
+    if resume and summary_path(out).exists():  # written after the checkpoint: both are whole
+        apply_saved(roller.model, out)
+        log(f"format warm-up: merged the saved adapter of {out / CHECKPOINT_DIR} into the base")
+        return json.loads(summary_path(out).read_text())
+    model = roller.model
+    _, init_adapters, _ = split_model(model)
+    init_adapters = jax.tree.map(jnp.copy, init_adapters)
+    t0 = time.perf_counter()
+    k = cfg.magrpo.num_rollouts
+    res = roller.collect(
+        warmup_seeds(cfg.seed, k),
+        seeding.format_warmup_key(cfg.seed),
+        reference=True,
+        progress=progress,
+        desc="format warm-up episodes (frozen base)",
+    )
+    examples = examples_from(res, roller.prefix_ids)
+    t1 = time.perf_counter()
+    counts, losses = train(model, tok, cfg.game, examples, roller.letter_ids, cfg.format_warmup, cfg.seed, log=log)
+    t2 = time.perf_counter()
+    _, trained, _ = split_model(model)
+    save(trained, out, cfg)
+    merged = merge_adapter(model, 0)
+    nnx.update(model, init_adapters)
+    summary = {
+        "steps": cfg.format_warmup,
+        "learning_rate": LEARNING_RATE,
+        "batch_rows": BATCH_ROWS,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "episodes": k,
+        "env_seeds": warmup_seeds(cfg.seed, k),
+        "examples": len(examples),
+        "base_parse_counts": res.parse.as_dict(),
+        "base_parse_fail_rate": res.parse.failure_rate,
+        "target_letters": {menus.LETTERS[i]: int(c) for i, c in enumerate(counts) if c},
+        "losses": losses,
+        "projections_merged": merged,
+        "collect_s": t1 - t0,
+        "train_s": t2 - t1,
+        "source": "jaxopt_marl.format_warmup (ours, not the paper; docs/runs/smollm2-format-warmup-cpu/)",
+    }
+    tmp = summary_path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    tmp.replace(summary_path(out))
+    return summary
+
+
+def save(adapters, out: Path, cfg) -> None:
+    """Writes the warmed-up adapters to ``out/format_warmup/`` (one orbax step = the step count)."""
+    from jaxopt_marl.config import lora_dict
+
+    mgr = ckpt.make_manager(str(Path(out) / CHECKPOINT_DIR), max_to_keep=1)
+    ckpt.save(mgr, cfg.format_warmup, adapters, None, meta={"lora": lora_dict(cfg.lora), "adapter": 0})
+
+
+def apply_saved(model, run_dir: Path) -> None:
+    """Merges a run's saved warm-up (``run_dir/format_warmup/``) into ``model``'s base, in place, leaving its
+    adapters as they were.
+
+    Raises:
+        FileNotFoundError: the run has no saved warm-up.
+        ValueError: a checkpoint that does not fit the model (another LoRA shape), naming the directory.
+    """
+    path = Path(run_dir) / CHECKPOINT_DIR
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no saved format warm-up")
+    _, adapters, _ = split_model(model)
+    keep = jax.tree.map(jnp.copy, adapters)
+    mgr = ckpt.make_manager(str(path), max_to_keep=1)
+    try:
+        saved, _, _ = ckpt.restore(mgr, jax.tree.map(jnp.copy, adapters), None)
+    except (ValueError, KeyError) as e:
+        raise ValueError(
+            f"{path}: the saved format warm-up does not fit this model: {ckpt.describe_error(e)}"
+        ) from None
+    nnx.update(model, saved)
+    merge_adapter(model, 0)
+    nnx.update(model, keep)
+
+
+__all__ = [
+    "BATCH_ROWS",
+    "CHECKPOINT_DIR",
+    "LEARNING_RATE",
+    "MAX_GRAD_NORM",
+    "SUMMARY_FILE",
+    "WARMUP_SEED0",
+    "answer_ids",
+    "apply_saved",
+    "examples_from",
+    "lora_projections",
+    "merge_adapter",
+    "run",
+    "summary_path",
+    "train",
+]
