@@ -29,8 +29,8 @@ Procedure (:func:`run`, called by :mod:`jaxopt_marl.pipeline` after the burn-in,
    adapter is set back to its initial value (B = 0). PA-MAGRPO therefore starts as the paper's does, from
    zero-delta adapters, on a warmed-up base: "adapters off" -- the update's KL reference, the frozen-base
    evaluation, the solo test's and Table 2's frozen cells -- is the warmed-up base.
-5. *Written.* ``format_warmup/`` (orbax, :mod:`lora.checkpoint`: the adapters after step S, slice 0 trained,
-   the others at their initial values; meta: steps, rows, LoRA config) and ``format_warmup.json``
+5. *Written.* ``format_warmup/`` (orbax, :mod:`lora.checkpoint`: adapter 0 after step S, the adapter axis kept
+   at length 1; meta: the LoRA config) and ``format_warmup.json``
    (:func:`summary_path`: losses per step, seconds, the examples, the frozen base's parse counts in step 1 and
    the targets' letter counts). ``--resume`` merges the saved adapter again (:func:`apply_saved`) without
    training.
@@ -252,12 +252,18 @@ def run(cfg, roller, tok, out: Path, *, resume: bool = False, progress: bool = F
     return summary
 
 
+def _adapter0(adapters):
+    """Adapter 0 alone, the adapter axis kept (length 1): every LoRA leaf is [..., N, in, r] or [..., N, r, out]."""
+    return jax.tree.map(lambda x: x[..., :1, :, :], adapters)
+
+
 def save(adapters, out: Path, cfg) -> None:
-    """Writes the warmed-up adapters to ``out/format_warmup/`` (one orbax step = the step count)."""
+    """Writes the trained adapter 0 of ``adapters`` to ``out/format_warmup/`` (one orbax step = the step count;
+    1/N of the adapters' size: SmolLM2's rank-32 Cleanup adapter is ~8 MB)."""
     from jaxopt_marl.config import lora_dict
 
     mgr = ckpt.make_manager(str(Path(out) / CHECKPOINT_DIR), max_to_keep=1)
-    ckpt.save(mgr, cfg.format_warmup, adapters, None, meta={"lora": lora_dict(cfg.lora), "adapter": 0})
+    ckpt.save(mgr, cfg.format_warmup, _adapter0(adapters), None, meta={"lora": lora_dict(cfg.lora), "adapter": 0})
 
 
 def apply_saved(model, run_dir: Path) -> None:
@@ -275,12 +281,12 @@ def apply_saved(model, run_dir: Path) -> None:
     keep = jax.tree.map(jnp.copy, adapters)
     mgr = ckpt.make_manager(str(path), max_to_keep=1)
     try:
-        saved, _, _ = ckpt.restore(mgr, jax.tree.map(jnp.copy, adapters), None)
+        saved, _, _ = ckpt.restore(mgr, _adapter0(adapters), None)
     except (ValueError, KeyError) as e:
         raise ValueError(
             f"{path}: the saved format warm-up does not fit this model: {ckpt.describe_error(e)}"
         ) from None
-    nnx.update(model, saved)
+    nnx.update(model, jax.tree.map(lambda full, a0: full.at[..., :1, :, :].set(a0), keep, saved))
     merge_adapter(model, 0)
     nnx.update(model, keep)
 
