@@ -264,6 +264,8 @@ def summarize(out: Path, seeds: list[int], this_call: list[int] | None = None, l
         "game": game,
         "preset": cfg0.get("preset"),
         "model": cfg0.get("model"),
+        # Ours, not the paper (jaxopt_marl.format_warmup): each seed's "base" is then its own warmed-up base.
+        "format_warmup": cfg0.get("format_warmup", 0),
         "units": info(game).return_unit,
         "seeds": list(seeds),
         "seeds_this_call": list(seeds if this_call is None else this_call),
@@ -281,6 +283,15 @@ def summarize(out: Path, seeds: list[int], this_call: list[int] | None = None, l
         f"Preset `{summary['preset']}`, model `{summary['model'] or 'SmolLM2-135M-Instruct'}`; team return in "
         f"{summary['units']}; each seed's mean ± std and 95% bootstrap CI over its evaluation episodes.",
         "",
+        *(
+            [
+                f"> **Format warm-up (not the paper).** Each seed's run merged {summary['format_warmup']} supervised "
+                'steps into its base before round 0: every "base" below is that seed\'s warmed-up base.',
+                "",
+            ]
+            if summary["format_warmup"]
+            else []
+        ),
         f"Seeds covered: {', '.join(map(str, seeds))}"
         + (
             f" (this call: {', '.join(map(str, summary['seeds_this_call']))}; earlier calls: "

@@ -703,6 +703,11 @@ def run_grid(argv: list[str] | None = None) -> tuple[Path, dict[str, float]]:
         raise InputError("--interface: the grid sets each cell's interface (see --cells); drop the flag")
     if args.resume and args.force:
         raise InputError("--resume and --force exclude each other")
+    if args.format_warmup:
+        raise InputError(
+            "--format-warmup: the grid runs the paper's six cells, which start from the frozen base; the format "
+            "warm-up (ours) is a single-run option (python -m experiments.<game> --format-warmup STEPS)"
+        )
     cells = parse_cells(args.cells)
     num, pid, settings = split.settings_of(args, TOOL, "cells")  # checked before JAX starts
     try:

@@ -35,6 +35,9 @@ import numpy as np
 EVAL_TRAJ = "eval_traj.npz"
 EVAL_JSON = "eval.json"
 SOLO_JSON = "solo.json"
+#: The optional format warm-up's summary and its saved adapter (:mod:`jaxopt_marl.format_warmup`).
+FORMAT_WARMUP_JSON = "format_warmup.json"
+FORMAT_WARMUP_DIR = "format_warmup"
 #: The burn-in summary's file name (in the burn-in directory).
 BURNIN_JSON = "burnin.json"
 DECISIONS = "decisions"

@@ -28,20 +28,28 @@ Procedure (:func:`run`, called by :mod:`jaxopt_marl.pipeline` after the burn-in,
 4. *Merge.* Each LoRA projection's kernel ``W <- W + scaling * A_0 @ B_0`` (:func:`merge_adapter`), then every
    adapter is set back to its initial value (B = 0). PA-MAGRPO therefore starts as the paper's does, from
    zero-delta adapters, on a warmed-up base: "adapters off" -- the update's KL reference, the frozen-base
-   evaluation, the solo test's and Table 2's frozen cells -- is the warmed-up base.
+   evaluation, the solo test's base -- is the warmed-up base. (The Table 2 grid and the seeds study run the
+   paper's settings; ``experiments.table2`` refuses the flag.)
 5. *Written.* ``format_warmup/`` (orbax, :mod:`lora.checkpoint`: adapter 0 after step S, the adapter axis kept
-   at length 1; meta: the LoRA config) and ``format_warmup.json``
-   (:func:`summary_path`: losses per step, seconds, the examples, the frozen base's parse counts in step 1 and
-   the targets' letter counts). ``--resume`` merges the saved adapter again (:func:`apply_saved`) without
-   training.
+   at length 1, with its checksums; meta: the LoRA config), then ``format_warmup.json`` (:func:`summary_path`:
+   losses per step, seconds, the examples, the frozen base's parse counts in step 1 and the targets' letter
+   counts). The summary is written last, so its presence means both are whole: ``--resume`` then merges the
+   saved adapter again (:func:`apply_saved`) without training; without it the warm-up is redone from scratch
+   (deterministic; a partial ``format_warmup/`` is deleted first).
+
+Bad input, before any compute (:func:`check_budget`, :func:`check_resume`): a response budget too short for the
+longest target answer; on ``--resume``, a saved warm-up that is damaged or of another step count, or a warm-up
+asked of a run that has already trained or evaluated without one.
 
 The merged base lives in the process only: anything that loads a warmed-up run's adapters onto a freshly loaded
-base (``experiments.crossplay``) must call :func:`apply_saved` first.
+base must call :func:`apply_saved` first (``experiments.crossplay`` refuses warmed-up runs instead; an adapter
+exported with :mod:`lora.peft_export` from such a run belongs on the warmed-up base, not on the HF one).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -51,7 +59,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxopt_marl import menus, prompts, seeding
+from jaxopt_marl import artifacts, menus, prompts, seeding
 from jaxopt_marl.prompt_ids import RESPONSE_PREFIX
 from jaxopt_marl.rollout import left_pad
 from lora import checkpoint as ckpt
@@ -70,9 +78,11 @@ MAX_GRAD_NORM = 1.0
 WARMUP_SEED0 = 500_000
 #: Prompt columns are padded to a multiple of this (one width for every step: one compile).
 WIDTH_QUANTUM = 64
-#: The run directory's files.
-CHECKPOINT_DIR = "format_warmup"
-SUMMARY_FILE = "format_warmup.json"
+#: The run directory's files (:mod:`jaxopt_marl.artifacts`).
+CHECKPOINT_DIR = artifacts.FORMAT_WARMUP_DIR
+SUMMARY_FILE = artifacts.FORMAT_WARMUP_JSON
+#: What a run has written once it trained or evaluated (a warm-up cannot be slipped in under it on --resume).
+TRAINED_FILES = ("metrics.jsonl", "checkpoints", artifacts.EVAL_JSON)
 
 
 def warmup_seeds(seed: int, k: int) -> list[int]:
@@ -83,13 +93,75 @@ def warmup_seeds(seed: int, k: int) -> list[int]:
 
 
 def summary_path(run_dir: Path) -> Path:
+    """``run_dir/format_warmup.json``, the warm-up's summary (written last: see the module docstring)."""
     return Path(run_dir) / SUMMARY_FILE
 
 
 def answer_ids(tok, label: str, letter_id: int, end_id: int) -> list[int]:
-    """The target answer's token ids: ``RESPONSE_PREFIX`` with ``label`` (encoded as ``choice_only`` encodes
-    it), the letter token ``letter_id`` (``" B"``), the end-of-turn token ``end_id``."""
+    """The target answer's token ids: ``RESPONSE_PREFIX`` with ``label`` encoded as one string, the letter token
+    ``letter_id`` (``" B"``, the token ``choice_only`` scores), the end-of-turn token ``end_id``."""
     return [*tok.encode(RESPONSE_PREFIX.format(label=label), add_special_tokens=False), int(letter_id), int(end_id)]
+
+
+def _end_id(tok) -> int:
+    end = end_of_turn_id(tok)
+    end = tok.eos_token_id if end is None else end
+    if end is None:
+        raise ValueError("format warm-up: the tokenizer has no end-of-turn and no EOS token to end the answer")
+    return int(end)
+
+
+def check_budget(cfg, tok) -> None:
+    """ValueError unless the longest target answer of ``cfg.game`` fits ``cfg.max_new_tokens`` (its tokens before
+    the end of turn: an answer the budget cuts before its letter would teach a reply that never parses). SmolLM2:
+    Cleanup / Harvest 7 tokens, Overcooked 11 (``state: ready_to_plate``), so the paper's 12 fits and the smoke
+    preset's 8 does not for Overcooked."""
+    letter = tok.encode(f" {menus.LETTERS[0]}", add_special_tokens=False)[0]
+    end = _end_id(tok)
+    longest = max(_labels(cfg.game), key=lambda lab: len(answer_ids(tok, lab, letter, end)))
+    need = len(answer_ids(tok, longest, letter, end)) - 1
+    if need > cfg.max_new_tokens:
+        text = RESPONSE_PREFIX.format(label=longest) + f" {menus.LETTERS[0]}"
+        raise ValueError(
+            f"format warm-up: the longest answer of {cfg.game}, {text!r}, is {need} tokens before the end of turn, "
+            f"over max_new_tokens {cfg.max_new_tokens}: give --max-new-tokens {need} or more"
+        )
+
+
+def check_resume(cfg, out: Path) -> None:
+    """The ``--resume`` checks of a run with ``cfg.format_warmup`` > 0 (no compute; orbax reads no array).
+
+    Raises:
+        ValueError: naming the file: a summary whose ``format_warmup/`` is missing, holds another step count, or
+            fails its checksums (:func:`lora.checkpoint.verify`); or no summary in a run that has already trained
+            or evaluated (:data:`TRAINED_FILES`), which a warm-up added now would put under its adapters.
+    """
+    out = Path(out)
+    if not cfg.format_warmup:
+        return
+    hint = f"delete {summary_path(out)} and {out / CHECKPOINT_DIR} to redo the warm-up, or start again with --force"
+    if not summary_path(out).exists():
+        done = [f for f in TRAINED_FILES if (out / f).exists()]
+        if done:
+            raise ValueError(
+                f"--format-warmup {cfg.format_warmup} on --resume: {out} has {', '.join(done)} from rounds or an "
+                f"evaluation without a warm-up (no {SUMMARY_FILE}); a warm-up now would change the base under them: "
+                f"resume without --format-warmup, or start a new run (another --out, or --force)"
+            )
+        return
+    path = out / CHECKPOINT_DIR
+    if not path.is_dir():
+        raise ValueError(f"{path} is missing, but {summary_path(out)} says the warm-up was saved: {hint}")
+    mgr = ckpt.make_manager(str(path), max_to_keep=1)
+    step = mgr.latest_step()
+    if step != cfg.format_warmup:
+        raise ValueError(
+            f"{path} holds {'no complete step' if step is None else f'step {step}'}, not the "
+            f"{cfg.format_warmup} steps asked: {hint}"
+        )
+    bad = ckpt.verify(ckpt.step_dir(mgr, step))
+    if bad:
+        raise ValueError(f"{path}: the saved format warm-up is damaged: {bad}: {hint}")
 
 
 def examples_from(res, prefix: tuple[int, ...]) -> list[tuple[list[int], int, int]]:
@@ -113,8 +185,13 @@ def lora_projections(model) -> list[LoRALinear]:
 def merge_adapter(model, index: int = 0) -> int:
     """Adds adapter ``index``'s delta to the frozen kernels in place: ``W <- W + scaling * A_i @ B_i`` for every
     LoRA projection (``W`` [..., in, out], ``A`` [..., N, in, r], ``B`` [..., N, r, out]; the leading axes are the
-    stacked layers). The sum is formed in float32 and cast to the kernel's dtype. The adapters are left as they
-    are. Returns the number of projections merged.
+    stacked layers). The product and sum are formed in float32 at the highest matmul precision (no TF32) and cast
+    to the kernel's dtype. The adapters are left as they are.
+
+    Returns:
+        The number of :class:`lora.model.LoRALinear` modules merged; a stacked module (one per projection name,
+        all layers on its leading axis, :class:`lora.model.Decoder`) counts once, so SmolLM2 with the paper's
+        four targets gives 4 for its 30 layers.
 
     Raises:
         ValueError: ``index`` is not an adapter of the model.
@@ -126,9 +203,14 @@ def merge_adapter(model, index: int = 0) -> int:
         if not 0 <= index < n:
             raise ValueError(f"adapter index {index} out of range: the model has {n} adapters")
         ai, bi = jnp.take(a, index, axis=a.ndim - 3), jnp.take(b, index, axis=b.ndim - 3)
-        delta = m.scaling * jnp.einsum("...ir,...ro->...io", ai.astype(jnp.float32), bi.astype(jnp.float32))
+        delta = m.scaling * jnp.einsum(
+            "...ir,...ro->...io",
+            ai.astype(jnp.float32),
+            bi.astype(jnp.float32),
+            precision=jax.lax.Precision.HIGHEST,
+        )
         w = m.kernel[...]
-        m.kernel.value = (w.astype(jnp.float32) + delta).astype(w.dtype)
+        m.kernel[...] = (w.astype(jnp.float32) + delta).astype(w.dtype)
     return len(projs)
 
 
@@ -137,24 +219,25 @@ def _labels(game: str) -> tuple[str, ...]:
 
 
 def train(model, tok, game: str, examples, letter_ids, steps: int, seed: int, log=print) -> tuple[object, list]:
-    """Step 3: ``steps`` supervised steps on adapter 0 of ``model`` (updated in place).
+    """Step 3: ``steps`` supervised steps on adapter 0 of ``model`` (updated in place; no LoRA dropout).
 
     Args:
-        examples: from :func:`examples_from` (at least one).
+        examples: from :func:`examples_from`; those with an empty menu are left out.
         letter_ids: int32[26] the menu letters' token ids (``" A"`` .. ``" Z"``).
+        seed: the run seed (:func:`jaxopt_marl.seeding.format_warmup_key` seeds the row and letter draws).
+        log: called with one line per step.
 
     Returns:
-        ``(letter counts int64[26] of the targets drawn, per-step rows [{"step", "loss"}])``.
+        ``(letter counts int64[26] of the targets drawn, per-step rows [{"step", "loss"}])``; the loss is the
+        batch's mean cross-entropy per answer token, in nats, before the step's update.
 
     Raises:
-        ValueError: no examples, or a tokenizer without an end-of-turn or EOS token.
+        ValueError: no example with a menu, or a tokenizer without an end-of-turn or EOS token.
     """
+    examples = [e for e in examples if e[2] >= 1]
     if not examples:
-        raise ValueError(f"{game}: the format warm-up's episodes gave no decision to learn from")
-    end = end_of_turn_id(tok)
-    end = tok.eos_token_id if end is None else end
-    if end is None:
-        raise ValueError("format warm-up: the tokenizer has no end-of-turn and no EOS token to end the answer")
+        raise ValueError(f"{game}: the format warm-up's episodes gave no decision with a menu to learn from")
+    end = _end_id(tok)
     labels = _labels(game)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     width = -(-max(len(x) for x, _, _ in examples) // WIDTH_QUANTUM) * WIDTH_QUANTUM
@@ -202,8 +285,13 @@ def train(model, tok, game: str, examples, letter_ids, steps: int, seed: int, lo
 
 def run(cfg, roller, tok, out: Path, *, resume: bool = False, progress: bool = False, log=print) -> dict:
     """Steps 1-5 for the run ``cfg`` (:class:`jaxopt_marl.config.RunConfig`, ``format_warmup`` > 0) on the
-    compiled ``roller``'s model, in place; on ``resume`` with a saved warm-up, :func:`apply_saved` instead.
-    Returns the summary written to ``format_warmup.json``."""
+    compiled ``roller`` (:class:`jaxopt_marl.compiled_rollout.CompiledRoller`)'s model, in place; on ``resume``
+    with a saved warm-up (its summary present), :func:`apply_saved` instead. ``progress``: a bar over the
+    frozen-base episodes. Returns the summary written to ``format_warmup.json``.
+
+    Raises:
+        ValueError: from :func:`train` (no decision to learn from, no end token) or :func:`apply_saved`.
+    """
     out = Path(out)
     if resume and summary_path(out).exists():  # written after the checkpoint: both are whole
         apply_saved(roller.model, out)
@@ -226,6 +314,7 @@ def run(cfg, roller, tok, out: Path, *, resume: bool = False, progress: bool = F
     counts, losses = train(model, tok, cfg.game, examples, roller.letter_ids, cfg.format_warmup, cfg.seed, log=log)
     t2 = time.perf_counter()
     _, trained, _ = split_model(model)
+    shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)  # a partial save of a killed run: orbax keeps a step
     save(trained, out, cfg)
     merged = merge_adapter(model, 0)
     nnx.update(model, init_adapters)
@@ -259,7 +348,7 @@ def _adapter0(adapters):
 
 def save(adapters, out: Path, cfg) -> None:
     """Writes the trained adapter 0 of ``adapters`` to ``out/format_warmup/`` (one orbax step = the step count;
-    1/N of the adapters' size: SmolLM2's rank-32 Cleanup adapter is ~8 MB)."""
+    1/N of the adapters' size)."""
     from jaxopt_marl.config import lora_dict
 
     mgr = ckpt.make_manager(str(Path(out) / CHECKPOINT_DIR), max_to_keep=1)
@@ -271,20 +360,27 @@ def apply_saved(model, run_dir: Path) -> None:
     adapters as they were.
 
     Raises:
-        FileNotFoundError: the run has no saved warm-up.
-        ValueError: a checkpoint that does not fit the model (another LoRA shape), naming the directory.
+        FileNotFoundError: the run has no saved warm-up (no directory, or no complete step in it).
+        ValueError: a step that fails its checksums (:func:`lora.checkpoint.verify`), or that cannot be restored
+            into this model (damaged data, another LoRA shape), naming the directory.
     """
     path = Path(run_dir) / CHECKPOINT_DIR
     if not path.exists():
         raise FileNotFoundError(f"{path}: no saved format warm-up")
+    mgr = ckpt.make_manager(str(path), max_to_keep=1)
+    step = mgr.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{path}: no complete step of a saved format warm-up")
+    bad = ckpt.verify(ckpt.step_dir(mgr, step))
+    if bad:
+        raise ValueError(f"{path}: the saved format warm-up is damaged: {bad}")
     _, adapters, _ = split_model(model)
     keep = jax.tree.map(jnp.copy, adapters)
-    mgr = ckpt.make_manager(str(path), max_to_keep=1)
     try:
-        saved, _, _ = ckpt.restore(mgr, _adapter0(adapters), None)
-    except (ValueError, KeyError) as e:
+        saved, _, _ = ckpt.restore(mgr, _adapter0(adapters), None, step)
+    except (ValueError, KeyError, OSError) as e:
         raise ValueError(
-            f"{path}: the saved format warm-up does not fit this model: {ckpt.describe_error(e)}"
+            f"{path}: the saved format warm-up cannot be restored into this model: {ckpt.describe_error(e)}"
         ) from None
     nnx.update(model, jax.tree.map(lambda full, a0: full.at[..., :1, :, :].set(a0), keep, saved))
     merge_adapter(model, 0)
@@ -298,8 +394,11 @@ __all__ = [
     "MAX_GRAD_NORM",
     "SUMMARY_FILE",
     "WARMUP_SEED0",
+    "TRAINED_FILES",
     "answer_ids",
     "apply_saved",
+    "check_budget",
+    "check_resume",
     "examples_from",
     "lora_projections",
     "merge_adapter",

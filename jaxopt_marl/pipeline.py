@@ -1,12 +1,13 @@
 """One run of ``python -m experiments.{cleanup,harvest,overcooked}``: every check, then the pipeline's steps.
 
 burn-in (``burnin/records.parquet``, ``burnin/burnin.json``: :func:`jaxopt_marl.burnin.write_outputs`) -> guards
-(``guards.jsonl``) -> PA-MAGRPO rounds (``checkpoints/``, ``best/``, ``metrics.jsonl``,
-``decisions/round_XXXX.jsonl``: :mod:`jaxopt_marl.trainer`) -> evaluation on seeds 10000.. (paper §6.1: 20
-episodes, seeds disjoint from training) with the adapters of the paper's checkpoint rule (``eval.json``,
-``eval_traj.npz``, ``decisions/eval*.jsonl``: :mod:`jaxopt_marl.evaluation`) -> solo test (paper §6.4,
-``solo.json``: :mod:`jaxopt_marl.solo_test`) -> ``episode.gif`` (:func:`jaxopt_marl.episode_gif.write_eval_gif`)
--> ``report.md`` (:mod:`jaxopt_marl.report`).
+(``guards.jsonl``) -> the optional format warm-up (``--format-warmup``, ours, not the paper:
+``format_warmup.json``, ``format_warmup/``, merged into the base: :mod:`jaxopt_marl.format_warmup`) -> PA-MAGRPO
+rounds (``checkpoints/``, ``best/``, ``metrics.jsonl``, ``decisions/round_XXXX.jsonl``: :mod:`jaxopt_marl.trainer`)
+-> evaluation on seeds 10000.. (paper §6.1: 20 episodes, seeds disjoint from training) with the adapters of the
+paper's checkpoint rule (``eval.json``, ``eval_traj.npz``, ``decisions/eval*.jsonl``: :mod:`jaxopt_marl.evaluation`)
+-> solo test (paper §6.4, ``solo.json``: :mod:`jaxopt_marl.solo_test`) -> ``episode.gif``
+(:func:`jaxopt_marl.episode_gif.write_eval_gif`) -> ``report.md`` (:mod:`jaxopt_marl.report`).
 
 ``rounds = 0`` (:attr:`jaxopt_marl.config.RunConfig.frozen`; paper Table 2's frozen cells, :mod:`experiments.table2`)
 trains nothing: burn-in and guards as usual (the menu the frozen base is shown is the trained runs' menu), no
@@ -35,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxopt_marl import preflight
+from jaxopt_marl import artifacts, preflight
 from jaxopt_marl.config import CHECKPOINT_RULE, DEFAULT_MODEL_NAME, EVAL_SEED0, RunConfig, smoke_warning
 from jaxopt_marl.errors import InputError
 
@@ -45,7 +46,8 @@ RUN_FILES = (
     "burnin/records.parquet",
     "burnin/burnin.json",
     "guards.jsonl",
-    "format_warmup.json",
+    artifacts.FORMAT_WARMUP_JSON,
+    artifacts.FORMAT_WARMUP_DIR + "/",
     "metrics.jsonl",
     "checkpoints/",
     "best/",
@@ -113,6 +115,11 @@ def _print_header(cfg: RunConfig, out: Path, resume: bool, ckpt_round: int | Non
     )
     if cfg.frozen:
         print("  rounds 0: NO TRAINING; the evaluation plays the frozen base (adapters off)")
+    if cfg.format_warmup:
+        print(
+            f"  FORMAT WARM-UP (not the paper): {cfg.format_warmup} supervised steps merged into the base before "
+            f"round 0; every 'frozen base' of this run (KL reference, evaluation) is the warmed-up base"
+        )
     print(
         f"  eval: {cfg.eval_episodes} episodes on seeds {EVAL_SEED0}-{EVAL_SEED0 + cfg.eval_episodes - 1}"
         f"{' + frozen base' if cfg.eval_base and not cfg.frozen else ''}, adapters: "
@@ -225,6 +232,14 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
         except (ValueError, OSError, UnicodeDecodeError) as e:
             raise InputError(f"--resume: {e} ({preflight.guards_hint(guard_path)})") from None
 
+    if resume and cfg.format_warmup:  # a damaged or mismatched saved warm-up, or one slipped in under trained rounds
+        from jaxopt_marl import format_warmup
+
+        try:
+            format_warmup.check_resume(cfg, out)
+        except ValueError as e:
+            raise InputError(f"--resume: {e}") from None
+
     # Compiled programs persist across runs (the 30-layer model compiles once per batch shape).
     jax.config.update(
         "jax_compilation_cache_dir", os.environ.get("JAXOPT_MARL_JAX_CACHE", str(Path("runs/.jax_cache").resolve()))
@@ -245,6 +260,13 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     except (ValueError, OSError) as e:
         raise InputError(f"model {cfg.model or DEFAULT_MODEL_NAME} could not be loaded: {e}") from None
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    if cfg.format_warmup:  # the response budget must hold the target answer
+        from jaxopt_marl import format_warmup
+
+        try:
+            format_warmup.check_budget(cfg, tok)
+        except ValueError as e:
+            raise InputError(str(e)) from None
     menu = cfg.interface == interfaces.MENU
     # The interfaces the compiled rollout plays (menu, native); compound_json plays the host loop.
     compiled_loop = cfg.interface in DEVICE_INTERFACES
@@ -342,7 +364,10 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
     if cfg.format_warmup:
         from jaxopt_marl import format_warmup
 
-        fw = format_warmup.run(cfg, roller, tok, out, resume=resume, progress=progress)
+        try:
+            fw = format_warmup.run(cfg, roller, tok, out, resume=resume, progress=progress)
+        except (ValueError, FileNotFoundError) as e:
+            raise InputError(f"format warm-up: {e}") from None
         print(
             f"format warm-up (not the paper): {fw['steps']} supervised steps on {fw['examples']} decisions of "
             f"the frozen base (its parse failures {fw['base_parse_fail_rate']:.2f}); loss "

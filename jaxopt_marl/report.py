@@ -436,7 +436,7 @@ def section_format_warmup(cfg: dict, run_dir: Path) -> list[str]:
         'answer (uniform letters) and were merged into the base, so every "frozen base" below (the KL '
         "reference, the frozen-base evaluation) is the warmed-up base (`jaxopt_marl.format_warmup`).",
     ]
-    path = Path(run_dir) / "format_warmup.json"
+    path = Path(run_dir) / artifacts.FORMAT_WARMUP_JSON
     try:
         fw = json.loads(path.read_text())
         losses = fw["losses"]
@@ -446,7 +446,7 @@ def section_format_warmup(cfg: dict, run_dir: Path) -> list[str]:
             f"{fmt(losses[-1]['loss'], 3)}."
         )
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        lines[-1] += " `format_warmup.json` is missing or unreadable."
+        lines[-1] += f" `{artifacts.FORMAT_WARMUP_JSON}` is missing or unreadable."
     return lines
 
 

@@ -106,6 +106,7 @@ WARMUP=${WARMUP:-0}
 if ! [[ "$WARMUP" =~ ^[0-9]+$ ]]; then
     fail "$STATUS_STAGING" "WARMUP must be a number of steps >= 0, got '$WARMUP'"
 fi
+WARMUP=$(( 10#$WARMUP ))  # 00 / 015: the number (0 = no warm-up; the run directory says w15, not w015)
 if [ "$WARMUP" != 0 ] && [ "$MODE" != sample ]; then
     fail "$STATUS_STAGING" "WARMUP=$WARMUP needs MODE=sample (the warm-up teaches the sampled answer), got '$MODE'"
 fi

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments import crossplay
+from experiments import common, crossplay, seeds
 from jaxopt_marl import config, evaluation, format_warmup, menus, parsing, prompts, rollout, seeding, trainer
 from jaxopt_marl.errors import InputError
 from lora import LoRAConfig, ModelConfig, split_model
+from lora import checkpoint as ckpt
 from lora.model import Decoder, LoRALinear
 from lora.tokenizer import end_of_turn_id, stop_token_ids
 from tests.conftest import run_cli
@@ -166,9 +167,59 @@ def test_run_saves_a_warmup_that_apply_saved_merges_again(played, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(ad2)):
         np.testing.assert_array_equal(a, np.asarray(b))
-    nnx.update(roller.model, jax.tree.map(jnp.asarray, base0))
     with pytest.raises(FileNotFoundError, match="no saved format warm-up"):
         format_warmup.apply_saved(fresh, tmp_path / "elsewhere")
+
+    # --resume's checks: the saved warm-up passes; another step count and a damaged file are named
+    format_warmup.check_resume(cfg, tmp_path)
+    with pytest.raises(ValueError, match=r"holds step 2, not the 3 steps asked: delete .*format_warmup.json"):
+        format_warmup.check_resume(cfg.replace(format_warmup=3), tmp_path)
+    step = tmp_path / format_warmup.CHECKPOINT_DIR / "2"
+    files = [f for f in step.rglob("*") if f.is_file() and f.name != ckpt.CHECKSUMS]
+    victim = max(files, key=lambda f: f.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"damaged: {victim}"):
+        format_warmup.check_resume(cfg, tmp_path)
+    with pytest.raises(ValueError, match="the saved format warm-up is damaged"):
+        format_warmup.apply_saved(fresh, tmp_path)
+
+    # a save left by a run killed before its summary: the warm-up is redone and replaces it (orbax alone would
+    # keep the damaged step 2 and skip the new save)
+    nnx.update(roller.model, jax.tree.map(jnp.asarray, base0))
+    (tmp_path / format_warmup.SUMMARY_FILE).unlink()
+    format_warmup.run(cfg, roller, roller.tok, tmp_path, log=lambda s: None)
+    again, _ = rollout.load_policy_model(rollout.TINY_RANDOM, LoRAConfig(num_adapters=2, rank=2, alpha=4.0))
+    format_warmup.apply_saved(again, tmp_path)
+    for a, b in zip(jax.tree.leaves(merged), jax.tree.leaves(split_model(again)[2])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    nnx.update(roller.model, jax.tree.map(jnp.asarray, base0))
+
+
+def test_resume_refuses_a_warmup_under_trained_rounds(tmp_path):
+    """No summary: a warm-up is (re)done, unless the run already trained or evaluated without one."""
+    cfg = config.RunConfig.smoke("overcooked_aa", format_warmup=2)
+    format_warmup.check_resume(cfg, tmp_path)  # nothing yet: the warm-up will run
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match="has metrics.jsonl from rounds or an evaluation without a warm-up"):
+        format_warmup.check_resume(cfg, tmp_path)
+    format_warmup.check_resume(cfg.replace(format_warmup=0), tmp_path)  # no warm-up asked: nothing to check
+    (tmp_path / format_warmup.SUMMARY_FILE).write_text("{}")
+    with pytest.raises(ValueError, match=r"format_warmup is missing, but .* says the warm-up was saved"):
+        format_warmup.check_resume(cfg, tmp_path)
+
+
+def test_budget_must_hold_the_longest_answer():
+    """SmolLM2's tokens: Overcooked's ``state: ready_to_plate\\nchoice: A`` is 11 before the end of turn, so the
+    smoke preset's 8-token budget is refused naming 11, and 11 passes; Cleanup's 7 fit 8."""
+    tok = rollout.smollm2_tokenizer()
+    with pytest.raises(ValueError, match=r"'state: ready_to_plate\\nchoice: A', is 11 tokens .* over max_new_tokens 8"):
+        format_warmup.check_budget(config.RunConfig.smoke("overcooked_aa", format_warmup=2), tok)
+    format_warmup.check_budget(config.RunConfig.smoke("overcooked_aa", format_warmup=2, max_new_tokens=11), tok)
+    format_warmup.check_budget(config.RunConfig.smoke("cleanup", format_warmup=2), tok)
+    with pytest.raises(ValueError, match="is 7 tokens"):
+        format_warmup.check_budget(config.RunConfig.smoke("cleanup", format_warmup=2, max_new_tokens=6), tok)
 
 
 def test_pipeline_with_warmup_writes_it_and_resume_merges_it_again(tmp_path):
@@ -188,6 +239,8 @@ def test_pipeline_with_warmup_writes_it_and_resume_merges_it_again(tmp_path):
             "tiny-random",
             "--format-warmup",
             "2",
+            "--max-new-tokens",
+            "12",
             "--rounds",
             str(rounds),
             "--eval-episodes",
@@ -228,8 +281,6 @@ def test_bad_warmup_settings_are_named(kw, message):
 
 
 def test_cli_refuses_a_warmup_in_choice_only_mode_before_compute(tmp_path):
-    from experiments import common
-
     with pytest.raises(SystemExit, match="format_warmup 3"):
         common.main(
             "cleanup",
@@ -248,3 +299,39 @@ def test_crossplay_refuses_warmed_up_runs(tmp_path):
         runs.append(crossplay.Run(d, cfg.flat_dict(), cfg, {}))
     with pytest.raises(InputError, match=r"cannot be crossed: .*r1 \(3 steps\)"):
         crossplay.check_compatible(runs)
+
+
+def test_cli_refuses_a_budget_under_the_answer_and_the_grid_refuses_the_flag(tmp_path):
+    from experiments import table2
+
+    with pytest.raises(SystemExit, match="give --max-new-tokens 11 or more"):
+        common.main(None, ["--layout", "aa", "--preset", "smoke", "--format-warmup", "2", "--out", str(tmp_path / "a")])
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(SystemExit, match="--format-warmup: the grid runs the paper's six cells"):
+        table2.main(["--game", "cleanup", "--preset", "smoke", "--format-warmup", "2", "--out", str(tmp_path / "t")])
+
+
+def test_seeds_summary_says_the_bases_were_warmed_up(tmp_path, capsys):
+    """A seeds study of warmed-up runs (hand-built finished seed directories) says so in seeds.json and seeds.md."""
+    from tests.test_seeds import _finished_seed
+
+    argv = [
+        "--game",
+        "harvest",
+        "--preset",
+        "smoke",
+        "--eval-episodes",
+        "2",
+        "--solo-episodes",
+        "0",
+        "--format-warmup",
+        "2",
+    ]
+    ap = seeds.build_seeds_parser()
+    out = tmp_path / "o"
+    for s, rets in ((0, [1, 3]), (1, [2, 2])):
+        _finished_seed(out, common.config_from_args("harvest", ap.parse_args([*argv, "--seed", str(s)])), rets)
+    seeds.main([*argv, "--seeds", "2", "--out", str(out), "--resume"])
+    assert json.loads((out / "seeds.json").read_text())["format_warmup"] == 2
+    md = (out / "seeds.md").read_text()
+    assert "**Format warm-up (not the paper).** Each seed's run merged 2 supervised steps" in md
