@@ -43,8 +43,9 @@
 #       command:   MODE=choice_only bash scripts/device_paper_run.sh cleanup 10
 #       (choice_only first: the frozen SmolLM2 fails to parse 86-97% of its `sample` answers in every game,
 #       measured on the CPU, docs/runs/frozen-smollm2-cpu/; then MODE=sample, the paper's, in a later call, and
-#       WARMUP=15 MODE=sample, where a 15-step format warm-up made 96 / 96 of the CPU Cleanup evaluation's
-#       answers parse against the frozen base's 11 / 133, docs/runs/smollm2-format-warmup-pipeline-cpu/)
+#       WARMUP=30 MODE=sample: on the CPU a 30-step format warm-up made 131 / 131 of Overcooked AA's evaluation
+#       answers parse (frozen base 7 / 317; 15 steps 123 / 152), 15 steps 96 / 96 of Cleanup's (frozen base
+#       11 / 133), docs/runs/smollm2-format-warmup-pipeline-cpu/)
 #       timeout_s: 600
 #   call 3, only if call 2 ended with "STATUS: cut off" (exit 3), again within 30 s: the same command, carry []
 #     (the joined GGUF, .whl/ and runs/ stay on the warm machine; the run resumes from its last checkpoint
