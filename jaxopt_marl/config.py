@@ -101,6 +101,9 @@ LORA_FLAT = frozenset(LORA_PREFIX + f.name for f in dataclasses.fields(LoRAConfi
 # state.round .. rounds - 1, none when it has done more) and the evaluation-only settings (evaluation and solo
 # test run afresh after the last round of every invocation, and config.json is rewritten with the new values).
 # Everything else shapes the training trajectory (or the burn-in and guards that a resume reuses) and must match.
+#: The most steps --format-warmup takes (ours: the CPU probe's format is learnt in 15-30; a bound that turns a typo
+#: of a few extra zeros into an error instead of a run that never ends).
+MAX_FORMAT_WARMUP = 10_000
 RESUME_MAY_DIFFER = frozenset({"rounds", "eval_episodes", "eval_base", "eval_checkpoint", "solo_episodes"})
 
 
@@ -314,8 +317,8 @@ class RunConfig:
         _require(
             "format_warmup",
             self.format_warmup,
-            _int(self.format_warmup) and self.format_warmup >= 0,
-            "an integer >= 0 (supervised steps; 0 = no warm-up)",
+            _int(self.format_warmup) and 0 <= self.format_warmup <= MAX_FORMAT_WARMUP,
+            f"an integer in 0..{MAX_FORMAT_WARMUP} (supervised steps; 0 = no warm-up)",
         )
         if self.format_warmup and (self.interface != INTERFACES[0] or self.mode != "sample"):
             raise ValueError(
@@ -550,6 +553,7 @@ __all__ = [
     "EVAL_SEED0",
     "GAMES",
     "INTERFACES",
+    "MAX_FORMAT_WARMUP",
     "MODES",
     "PAPER",
     "PRESETS",

@@ -128,13 +128,50 @@ def check_budget(cfg, tok) -> None:
         )
 
 
-def check_resume(cfg, out: Path) -> None:
-    """The ``--resume`` checks of a run with ``cfg.format_warmup`` > 0 (no compute; orbax reads no array).
+#: The keys a whole ``format_warmup.json`` has (checked on ``--resume`` before it is trusted).
+SUMMARY_KEYS = ("steps", "examples", "episodes", "base_parse_fail_rate", "losses")
+
+
+def read_summary(out: Path, steps: int) -> dict:
+    """``out/format_warmup.json``, checked: a JSON object with :data:`SUMMARY_KEYS`, ``steps`` equal to
+    ``steps`` and one ``{"step", "loss"}`` row per step.
 
     Raises:
-        ValueError: naming the file: a summary whose ``format_warmup/`` is missing, holds another step count, or
-            fails its checksums (:func:`lora.checkpoint.verify`); or no summary in a run that has already trained
-            or evaluated (:data:`TRAINED_FILES`), which a warm-up added now would put under its adapters.
+        ValueError: naming the file and what is wrong (unreadable, not JSON, a missing key, other steps).
+    """
+    path = summary_path(out)
+    try:
+        fw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(fw, dict) or any(k not in fw for k in SUMMARY_KEYS):
+        raise ValueError(f"{path} is not a format warm-up summary (it needs the keys {', '.join(SUMMARY_KEYS)})")
+    losses = fw["losses"]
+    if fw["steps"] != steps or not isinstance(losses, list) or len(losses) != steps:
+        raise ValueError(
+            f"{path} records {fw['steps']!r} steps and {len(losses) if isinstance(losses, list) else 'no'} "
+            f"losses, not the {steps} steps asked"
+        )
+    if not all(isinstance(r, dict) and isinstance(r.get("loss"), int | float) for r in losses):
+        raise ValueError(f"{path}: its losses are not {{'step', 'loss'}} rows")
+    return fw
+
+
+def check_resume(cfg, out: Path, log=print) -> None:
+    """The ``--resume`` checks of a run with ``cfg.format_warmup`` > 0 (no compute; orbax reads no array).
+
+    With a summary, it must be whole (:func:`read_summary`) and ``format_warmup/`` must hold step
+    ``cfg.format_warmup`` with intact checksums (:func:`lora.checkpoint.verify`): :func:`run` then merges it
+    again. Without one (a run killed during the warm-up, or its files deleted), :func:`run` redoes the warm-up
+    from scratch; for a run that has already trained or evaluated (:data:`TRAINED_FILES`) that is allowed only if
+    its ``config.json`` records this warm-up (the same seed redoes the same warm-up: identical on the same
+    backend, within float rounding on another), and logged.
+
+    Raises:
+        ValueError: naming the file: a damaged or partial summary, a ``format_warmup/`` that is missing, holds
+            another step count or fails its checksums (each with the way out: delete both to redo the warm-up);
+            or no summary in a trained run whose ``config.json`` records no warm-up (a warm-up added now would
+            put a new base under its adapters).
     """
     out = Path(out)
     if not cfg.format_warmup:
@@ -142,13 +179,27 @@ def check_resume(cfg, out: Path) -> None:
     hint = f"delete {summary_path(out)} and {out / CHECKPOINT_DIR} to redo the warm-up, or start again with --force"
     if not summary_path(out).exists():
         done = [f for f in TRAINED_FILES if (out / f).exists()]
-        if done:
+        if not done:
+            return
+        try:
+            recorded = json.loads((out / "config.json").read_text()).get("format_warmup", 0)
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if recorded != cfg.format_warmup:
             raise ValueError(
-                f"--format-warmup {cfg.format_warmup} on --resume: {out} has {', '.join(done)} from rounds or an "
-                f"evaluation without a warm-up (no {SUMMARY_FILE}); a warm-up now would change the base under them: "
-                f"resume without --format-warmup, or start a new run (another --out, or --force)"
+                f"--format-warmup {cfg.format_warmup} on --resume: {out} has {', '.join(done)} from a run without "
+                f"this warm-up (config.json: format_warmup {recorded!r}); a warm-up now would change the base under "
+                f"them: resume without --format-warmup, or start a new run (another --out, or --force)"
             )
+        log(
+            f"warning: {summary_path(out)} is missing in a run that has {', '.join(done)}: the format warm-up is "
+            f"redone from scratch (same seed, same warm-up; bit for bit on the same backend)"
+        )
         return
+    try:
+        read_summary(out, cfg.format_warmup)
+    except ValueError as e:
+        raise ValueError(f"{e}: {hint}") from None
     path = out / CHECKPOINT_DIR
     if not path.is_dir():
         raise ValueError(f"{path} is missing, but {summary_path(out)} says the warm-up was saved: {hint}")
@@ -296,7 +347,7 @@ def run(cfg, roller, tok, out: Path, *, resume: bool = False, progress: bool = F
     if resume and summary_path(out).exists():  # written after the checkpoint: both are whole
         apply_saved(roller.model, out)
         log(f"format warm-up: merged the saved adapter of {out / CHECKPOINT_DIR} into the base")
-        return json.loads(summary_path(out).read_text())
+        return read_summary(out, cfg.format_warmup)
     model = roller.model
     _, init_adapters, _ = split_model(model)
     init_adapters = jax.tree.map(jnp.copy, init_adapters)
@@ -394,6 +445,7 @@ __all__ = [
     "MAX_GRAD_NORM",
     "SUMMARY_FILE",
     "WARMUP_SEED0",
+    "SUMMARY_KEYS",
     "TRAINED_FILES",
     "answer_ids",
     "apply_saved",
@@ -402,6 +454,7 @@ __all__ = [
     "examples_from",
     "lora_projections",
     "merge_adapter",
+    "read_summary",
     "run",
     "summary_path",
     "train",

@@ -236,7 +236,7 @@ def _run(cfg, out, resume, force, progress, keep_checkpoints, dist, agree) -> Pa
         from jaxopt_marl import format_warmup
 
         try:
-            format_warmup.check_resume(cfg, out)
+            format_warmup.check_resume(cfg, out, log=lambda m: print(m, file=sys.stderr))
         except ValueError as e:
             raise InputError(f"--resume: {e}") from None
 

@@ -104,8 +104,8 @@ if [ -n "$ROUNDS" ] && ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]]; then
     fail "$STATUS_STAGING" "ROUNDS must be a positive integer, got '$ROUNDS'"
 fi
 WARMUP=${WARMUP:-0}
-if ! [[ "$WARMUP" =~ ^[0-9]+$ ]]; then
-    fail "$STATUS_STAGING" "WARMUP must be a number of steps >= 0, got '$WARMUP'"
+if ! [[ "$WARMUP" =~ ^[0-9]{1,6}$ ]]; then  # six digits at most: no 64-bit wrap in $(( ))
+    fail "$STATUS_STAGING" "WARMUP must be a number of steps, 0 to 999999 (the run refuses over 10000), got '$WARMUP'"
 fi
 WARMUP=$(( 10#$WARMUP ))  # 00 / 015: the number (0 = no warm-up; the run directory says w15, not w015)
 if [ "$WARMUP" != 0 ] && [ "$MODE" != sample ]; then

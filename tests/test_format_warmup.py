@@ -170,9 +170,11 @@ def test_run_saves_a_warmup_that_apply_saved_merges_again(played, tmp_path):
     with pytest.raises(FileNotFoundError, match="no saved format warm-up"):
         format_warmup.apply_saved(fresh, tmp_path / "elsewhere")
 
-    # --resume's checks: the saved warm-up passes; another step count and a damaged file are named
+    # --resume's checks: the saved warm-up passes; another step count (the summary's) and a damaged file are named
     format_warmup.check_resume(cfg, tmp_path)
-    with pytest.raises(ValueError, match=r"holds step 2, not the 3 steps asked: delete .*format_warmup.json"):
+    with pytest.raises(
+        ValueError, match=r"records 2 steps and 2 losses, not the 3 steps asked: delete .*format_warmup.json"
+    ):
         format_warmup.check_resume(cfg.replace(format_warmup=3), tmp_path)
     step = tmp_path / format_warmup.CHECKPOINT_DIR / "2"
     files = [f for f in step.rglob("*") if f.is_file() and f.name != ckpt.CHECKSUMS]
@@ -197,15 +199,38 @@ def test_run_saves_a_warmup_that_apply_saved_merges_again(played, tmp_path):
     nnx.update(roller.model, jax.tree.map(jnp.asarray, base0))
 
 
-def test_resume_refuses_a_warmup_under_trained_rounds(tmp_path):
-    """No summary: a warm-up is (re)done, unless the run already trained or evaluated without one."""
+def test_resume_without_a_summary_redoes_the_warmup_unless_it_is_new(tmp_path):
+    """No summary: the warm-up is (re)done -- in a run that has trained, only if its config.json records this
+    warm-up (then with a warning); a summary that is not whole is named."""
+    from jaxopt_marl.pipeline import write_config
+
     cfg = config.RunConfig.smoke("overcooked_aa", format_warmup=2)
-    format_warmup.check_resume(cfg, tmp_path)  # nothing yet: the warm-up will run
+    said = []
+    format_warmup.check_resume(cfg, tmp_path, log=said.append)  # nothing yet: the warm-up will run
+    assert said == []
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(ValueError, match="has metrics.jsonl from rounds or an evaluation without a warm-up"):
-        format_warmup.check_resume(cfg, tmp_path)
+    write_config(cfg.replace(format_warmup=0), tmp_path)
+    with pytest.raises(ValueError, match=r"has metrics.jsonl from a run without this warm-up \(config.json: "):
+        format_warmup.check_resume(cfg, tmp_path, log=said.append)
     format_warmup.check_resume(cfg.replace(format_warmup=0), tmp_path)  # no warm-up asked: nothing to check
-    (tmp_path / format_warmup.SUMMARY_FILE).write_text("{}")
+    write_config(cfg, tmp_path)  # the run had this warm-up; its files were deleted: redone, said so
+    format_warmup.check_resume(cfg, tmp_path, log=said.append)
+    assert len(said) == 1 and "is missing in a run that has metrics.jsonl: the format warm-up is redone" in said[0]
+
+    summary = tmp_path / format_warmup.SUMMARY_FILE
+    for text, message in (
+        ("{}", "is not a format warm-up summary"),
+        ('{"steps": 2, "loss', "is unreadable"),
+        ("[1, 2]", "is not a format warm-up summary"),
+    ):
+        summary.write_text(text)
+        with pytest.raises(ValueError, match=f"{summary}.*{message}.*delete"):
+            format_warmup.check_resume(cfg, tmp_path)
+    whole = {"steps": 2, "examples": 5, "episodes": 2, "base_parse_fail_rate": 1.0}
+    summary.write_text(json.dumps({**whole, "losses": [{"step": 1, "loss": 3.0}]}))
+    with pytest.raises(ValueError, match="records 2 steps and 1 losses, not the 2 steps asked"):
+        format_warmup.check_resume(cfg, tmp_path)
+    summary.write_text(json.dumps({**whole, "losses": [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]}))
     with pytest.raises(ValueError, match=r"format_warmup is missing, but .* says the warm-up was saved"):
         format_warmup.check_resume(cfg, tmp_path)
 
@@ -270,7 +295,8 @@ def test_pipeline_with_warmup_writes_it_and_resume_merges_it_again(tmp_path):
 @pytest.mark.parametrize(
     "kw, message",
     [
-        ({"format_warmup": -1}, "format_warmup must be an integer >= 0"),
+        ({"format_warmup": -1}, r"format_warmup must be an integer in 0..10000"),
+        ({"format_warmup": 10**20}, r"format_warmup must be an integer in 0..10000 .*, got 100000000000000000000"),
         ({"format_warmup": 2, "mode": "choice_only"}, "interface 'menu', mode 'sample'.*mode 'choice_only'"),
         ({"format_warmup": 2, "interface": "native"}, "got interface 'native'"),
     ],
