@@ -289,10 +289,11 @@ def train(model, tok, game: str, examples, letter_ids, steps: int, seed: int, lo
     if not examples:
         raise ValueError(f"{game}: the format warm-up's episodes gave no decision with a menu to learn from")
     end = _end_id(tok)
-    labels = _labels(game)
+    # each label's answer ids up to the letter, tokenized once (the letter and the end of turn are one id each)
+    heads = [answer_ids(tok, lab, letter_ids[0], end)[:-2] for lab in _labels(game)]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     width = -(-max(len(x) for x, _, _ in examples) // WIDTH_QUANTUM) * WIDTH_QUANTUM
-    answer_width = max(len(answer_ids(tok, lab, letter_ids[0], end)) for lab in labels)
+    answer_width = max(len(h) for h in heads) + 2
     rng = np.random.default_rng(np.asarray(seeding.format_warmup_key(seed), np.uint32))
     graphdef, adapters, base = split_model(model)
     opt = optax.chain(optax.clip_by_global_norm(MAX_GRAD_NORM), optax.adamw(LEARNING_RATE, weight_decay=0.0))
@@ -321,7 +322,7 @@ def train(model, tok, game: str, examples, letter_ids, steps: int, seed: int, lo
             j = int(rng.integers(0, n_menu))
             counts[j] += 1
             prompt_rows.append(ids)
-            answers.append(answer_ids(tok, labels[label], letter_ids[j], end))
+            answers.append([*heads[label], int(letter_ids[j]), end])
         pid, pm = left_pad(prompt_rows, pad, BATCH_ROWS, width)
         cid = np.full((BATCH_ROWS, answer_width), pad, np.int32)
         cm = np.zeros((BATCH_ROWS, answer_width), bool)
