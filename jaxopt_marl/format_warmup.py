@@ -43,7 +43,8 @@ asked of a run that has already trained or evaluated without one.
 
 The merged base lives in the process only: anything that loads a warmed-up run's adapters onto a freshly loaded
 base must call :func:`apply_saved` first (``experiments.crossplay`` refuses warmed-up runs instead; an adapter
-exported with :mod:`lora.peft_export` from such a run belongs on the warmed-up base, not on the HF one).
+exported from such a run by ``python -m experiments.export`` carries the warm-up, as a stacked adapter of rank
+2r on the un-warmed base: :func:`lora.peft_export.stack_adapters`).
 """
 
 from __future__ import annotations
@@ -407,17 +408,16 @@ def save(adapters, out: Path, cfg) -> None:
     ckpt.save(mgr, cfg.format_warmup, _adapter0(adapters), None, meta={"lora": lora_dict(cfg.lora), "adapter": 0})
 
 
-def apply_saved(model, run_dir: Path) -> None:
-    """Merges a run's saved warm-up (``run_dir/format_warmup/``) into ``model``'s base, in place, leaving its
-    adapters as they were.
+def verified_step(run_dir: Path) -> tuple[object, int]:
+    """``(orbax manager, step)`` of a run's saved warm-up (``run_dir/format_warmup/``) once its newest step passes
+    its checksums (:func:`lora.checkpoint.verify`); nothing is restored.
 
     Raises:
         FileNotFoundError: the run has no saved warm-up (no directory, or no complete step in it).
-        ValueError: a step that fails its checksums (:func:`lora.checkpoint.verify`), or that cannot be restored
-            into this model (damaged data, another LoRA shape), naming the directory.
+        ValueError: the step fails its checksums, naming the directory and the file.
     """
     path = Path(run_dir) / CHECKPOINT_DIR
-    if not path.exists():
+    if not path.is_dir():
         raise FileNotFoundError(f"{path}: no saved format warm-up")
     mgr = ckpt.make_manager(str(path), max_to_keep=1)
     step = mgr.latest_step()
@@ -426,14 +426,40 @@ def apply_saved(model, run_dir: Path) -> None:
     bad = ckpt.verify(ckpt.step_dir(mgr, step))
     if bad:
         raise ValueError(f"{path}: the saved format warm-up is damaged: {bad}")
+    return mgr, step
+
+
+def load_saved(model, run_dir: Path):
+    """The adapter state a run's saved warm-up (``run_dir/format_warmup/``) holds: ``model``'s adapter layout with
+    the agent axis at length 1 (adapter 0 after the warm-up's last step). ``model`` is not changed.
+
+    Raises:
+        FileNotFoundError: the run has no saved warm-up (no directory, or no complete step in it).
+        ValueError: a step that fails its checksums (:func:`lora.checkpoint.verify`), or that cannot be restored
+            into this model (damaged data, another LoRA shape), naming the directory.
+    """
+    path = Path(run_dir) / CHECKPOINT_DIR
+    mgr, step = verified_step(run_dir)
     _, adapters, _ = split_model(model)
-    keep = jax.tree.map(jnp.copy, adapters)
     try:
-        saved, _, _ = ckpt.restore(mgr, _adapter0(adapters), None, step)
+        saved, _, _ = ckpt.restore(mgr, jax.tree.map(jnp.copy, _adapter0(adapters)), None, step)
     except (ValueError, KeyError, OSError) as e:
         raise ValueError(
             f"{path}: the saved format warm-up cannot be restored into this model: {ckpt.describe_error(e)}"
         ) from None
+    return saved
+
+
+def apply_saved(model, run_dir: Path) -> None:
+    """Merges a run's saved warm-up (``run_dir/format_warmup/``, :func:`load_saved`) into ``model``'s base, in
+    place, leaving its adapters as they were.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`load_saved`.
+    """
+    saved = load_saved(model, run_dir)
+    _, adapters, _ = split_model(model)
+    keep = jax.tree.map(jnp.copy, adapters)
     nnx.update(model, jax.tree.map(lambda full, a0: full.at[..., :1, :, :].set(a0), keep, saved))
     merge_adapter(model, 0)
     nnx.update(model, keep)
@@ -452,6 +478,7 @@ __all__ = [
     "apply_saved",
     "check_budget",
     "check_resume",
+    "load_saved",
     "examples_from",
     "lora_projections",
     "merge_adapter",
@@ -459,4 +486,5 @@ __all__ = [
     "run",
     "summary_path",
     "train",
+    "verified_step",
 ]

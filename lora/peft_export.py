@@ -56,9 +56,15 @@ def _adapter_slots(pure: dict) -> list[tuple[str, dict, tuple[int, ...]]]:
     return slots
 
 
-def adapter_tensors(model: Decoder, agent: int) -> dict[str, np.ndarray]:
+def adapter_tensors(model: Decoder, agent: int, state=None) -> dict[str, np.ndarray]:
     """PEFT-named float32 tensors of adapter ``agent`` (``lora_A.weight`` [r, in], ``lora_B.weight`` [out, r]) of
     either model class (:func:`_adapter_slots`).
+
+    Args:
+      model: the model whose adapters (or whose adapter layout, with ``state``) are read.
+      agent: the adapter's index on the agent axis.
+      state: an adapter state of ``model``'s layout to read instead of the model's own (e.g. a checkpoint
+        restored with :mod:`lora.checkpoint`); its agent axis may be shorter than the model's.
 
     Raises:
       ValueError: if the model has no adapters or ``agent`` is out of range.
@@ -66,10 +72,13 @@ def adapter_tensors(model: Decoder, agent: int) -> dict[str, np.ndarray]:
     cfg: LoRAConfig | None = model.lora_cfg
     if cfg is None:
         raise ValueError("model has no LoRA adapters to export")
-    if not 0 <= agent < cfg.num_adapters:
-        raise ValueError(f"agent {agent} out of range [0, {cfg.num_adapters})")
+    pure = nnx.to_pure_dict(nnx.state(model, LoRAParam) if state is None else state)
+    slots = _adapter_slots(pure)
+    count = np.shape(slots[0][1]["lora_a"])[len(slots[0][2])]
+    if not 0 <= agent < count:
+        raise ValueError(f"agent {agent} out of range [0, {count})")
     out = {}
-    for stem, leaves, idx in _adapter_slots(nnx.to_pure_dict(nnx.state(model, LoRAParam))):
+    for stem, leaves, idx in slots:
         a = np.asarray(leaves["lora_a"], np.float32)[idx + (agent,)]  # [in, r]
         b = np.asarray(leaves["lora_b"], np.float32)[idx + (agent,)]  # [r, out]
         out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a.T)
@@ -77,10 +86,39 @@ def adapter_tensors(model: Decoder, agent: int) -> dict[str, np.ndarray]:
     return out
 
 
+def stack_adapters(first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One PEFT adapter of rank r1 + r2 whose update is the sum of two adapters' updates at one scaling s:
+    ``s B A`` with ``A = [A1; A2]`` (rows stacked, [r1 + r2, in]) and ``B = [B1, B2]`` (columns, [out, r1 + r2]),
+    so ``B A = B1 A1 + B2 A2`` exactly (block product). Written with ``lora_alpha = s (r1 + r2)`` it applies the
+    same s to both (PEFT's scaling is lora_alpha / r).
+
+    Raises:
+      ValueError: the two adapters adapt different modules (the differing names), or a pair's shapes disagree.
+    """
+    if sorted(first) != sorted(second):
+        raise ValueError(f"the adapters adapt different modules: {sorted(set(first) ^ set(second))[:4]}")
+    out = {}
+    for name, x in first.items():
+        y = second[name]
+        axis = 0 if name.endswith("lora_A.weight") else 1
+        if x.shape[1 - axis] != y.shape[1 - axis]:
+            raise ValueError(f"{name}: shapes {x.shape} and {y.shape} cannot be stacked")
+        out[name] = np.ascontiguousarray(np.concatenate([x, y], axis=axis))
+    return out
+
+
 def export_peft(
-    model: Decoder, agent: int, directory: str, base_model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    model: Decoder,
+    agent: int,
+    directory: str,
+    base_model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
+    tensors: dict[str, np.ndarray] | None = None,
 ) -> str:
     """Writes ``adapter_model.safetensors`` and ``adapter_config.json`` for one agent.
+
+    Args:
+      tensors: the PEFT tensors to write instead of ``model``'s adapter ``agent`` (e.g. :func:`stack_adapters`'s);
+        their rank is read from them, and ``lora_alpha`` keeps the model's scaling alpha / r at that rank.
 
     Returns:
       The directory written.
@@ -88,15 +126,19 @@ def export_peft(
     from safetensors.numpy import save_file
 
     cfg = model.lora_cfg
-    tensors = adapter_tensors(model, agent)
+    tensors = adapter_tensors(model, agent) if tensors is None else tensors
+    ranks = {t.shape[0] for n, t in tensors.items() if n.endswith("lora_A.weight")}
+    if len(ranks) != 1:
+        raise ValueError(f"the adapter's modules have different ranks {sorted(ranks)}")
+    rank = ranks.pop()
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model_name_or_path,
-        "r": cfg.rank,
-        "lora_alpha": cfg.alpha,
+        "r": rank,
+        "lora_alpha": cfg.scaling * rank,
         "lora_dropout": cfg.dropout,
         "target_modules": sorted(cfg.targets),
         "bias": "none",

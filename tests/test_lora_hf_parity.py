@@ -130,6 +130,31 @@ def test_peft_adapter_loads_in_hugging_face_peft(tmp_path, arch, targets):
     _close(_ours(model, ids, jnp.zeros_like(agent_ids)), ours)
 
 
+def test_stacked_warmup_adapter_loads_in_hugging_face_peft(tmp_path):
+    """The export of a format-warmed-up run (experiments.export): adapter 0 (the warm-up) stacked with adapter 2,
+    rank 8, loaded by Hugging Face PEFT on the un-warmed base, gives our logits of adapter 2 on the base with
+    adapter 0 merged in (jaxopt_marl.format_warmup.merge_adapter)."""
+    _torch()
+    peft = pytest.importorskip("peft")
+    from jaxopt_marl.format_warmup import merge_adapter
+    from lora.peft_export import adapter_tensors, stack_adapters
+
+    model = Decoder(ModelConfig.tiny("llama"), LoRAConfig(num_adapters=3, rank=4, alpha=12.0), rngs=nnx.Rngs(4))
+    _randomise_b(model)
+    base_dir = export_hf_base(model, str(tmp_path / "base"))
+    tensors = stack_adapters(adapter_tensors(model, 0), adapter_tensors(model, 2))
+    adapter_dir = export_peft(model, 2, str(tmp_path / "adapter"), base_model_name_or_path=base_dir, tensors=tensors)
+    ids = _ids()
+    agent_ids = jnp.full((ids.shape[0],), 2, jnp.int32)
+    unwarmed = _ours(model, ids, agent_ids)
+    merge_adapter(model, 0)
+    ours = _ours(model, ids, agent_ids)
+    peft_model = peft.PeftModel.from_pretrained(_from_pretrained(base_dir), adapter_dir).eval()
+    assert peft_model.peft_config["default"].r == 8
+    _close(ours, _theirs(peft_model, ids))
+    assert np.abs(ours - unwarmed).max() > 100 * RTOL * np.abs(ours).max()  # the warm-up is in what PEFT played
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     _torch()
